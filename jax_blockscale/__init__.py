@@ -1,0 +1,16 @@
+"""jax_blockscale: block-scaled (MX, NVFP4, DeepSeek FP8) matrix multiplication for JAX."""
+
+from . import formats, layouts, reference
+from .formats import FORMAT_NAMES, get_format
+from .quantize import BlockScaledArray, dequantize, quantize
+
+__all__ = [
+    "BlockScaledArray",
+    "FORMAT_NAMES",
+    "dequantize",
+    "formats",
+    "get_format",
+    "layouts",
+    "quantize",
+    "reference",
+]
