@@ -1,0 +1,49 @@
+"""Cross-compilation of kernels for targets this machine may not have (used by tests and `explain`).
+
+Triton compiles for any target on a CPU: `target="sm_100"` gives sm_100a PTX, `"gfx950"` AMDGCN,
+`"sm_90"` sm_90a PTX. The compiled text lets tests assert that the native instruction is used.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+TARGETS = ("sm_90", "sm_100", "gfx950")
+
+
+def gpu_target(target: str):
+    from triton.backends.compiler import GPUTarget
+
+    if target.startswith("sm_"):
+        return GPUTarget("cuda", int(target[3:]), 32)
+    if target.startswith("gfx"):
+        return GPUTarget("hip", target, 64)
+    raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
+
+
+def compile_kernel(
+    kernel,
+    *,
+    target: str,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    num_warps: int = 4,
+    num_stages: int = 3,
+    **options: Any,
+):
+    """Compiles `kernel` for `target`; returns the triton CompiledKernel (`.asm` holds ptx/amdgcn)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    full_signature = dict(signature)
+    full_signature.update({name: "constexpr" for name in constexprs})
+    src = ASTSource(fn=kernel, signature=full_signature, constexprs=dict(constexprs))
+    return triton.compile(
+        src, target=gpu_target(target), options=dict(num_warps=num_warps, num_stages=num_stages, **options)
+    )
+
+
+def assembly(compiled) -> str:
+    """The target assembly text: PTX for CUDA, AMDGCN for HIP."""
+    return compiled.asm.get("ptx") or compiled.asm["amdgcn"]

@@ -1,0 +1,61 @@
+"""The contract between the matmul primitive and the kernel launchers.
+
+A launcher is `launch(p: GemmProblem, a_values, a_scales, b_values, b_scales, alpha, *, config,
+compute_capability) -> jax.Array` (shape `(p.batch, p.m, p.n)`, dtype `p.out_dtype`), built from
+`jax_triton.triton_call`. It receives canonical, contiguous operands (below) and does any target-specific
+scale rearrangement itself in jnp, so that XLA can fuse or hoist it.
+
+Operands (`B = p.batch`; `b_*` has no leading B dim unless `p.b_batched`):
+  a_values  (B, M, K / epb)   fp8 kinds: float8_e4m3fn / float8_e5m2; fp6: uint8, one code per byte;
+                              fp4: uint8, two codes per byte, low nibble = even element; dense: bf16/fp16.
+  a_scales  (B, M, K / 32) uint8 e8m0 for MX kinds, (B, M, K / 16) float8_e4m3fn for nvfp4,
+            (B, M, K / 128) float32 for block_fp8 (1 x 128 groups); a (B, M, 1) dummy for dense.
+  b_values  ([B,] N, K / epb) as a_values.
+  b_scales  ([B,] N, K / 32) / ([B,] N, K / 16) as above; block_fp8 weights: ([B,] ceil(N / 128), K / 128)
+            float32 (128 x 128 tiles); a ([B,] N, 1) dummy for dense.
+  alpha     (1,) float32: the product of nvfp4 tensor scales (1.0 otherwise); multiplies the accumulator.
+K is already padded by the caller to a multiple of every block involved (and of 128 for block_fp8); the
+padding holds zero values. M and N are arbitrary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Element kinds. MX kinds carry e8m0 scales per 32 elements along K.
+MX_KINDS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
+NVFP4 = "nvfp4"
+BLOCK_FP8 = "block_fp8"
+DENSE_KINDS = ("bf16", "fp16")
+ALL_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8) + DENSE_KINDS
+
+ELEMENTS_PER_BYTE = {"e2m1": 2, NVFP4: 2}
+SCALE_BLOCK = {**{k: 32 for k in MX_KINDS}, NVFP4: 16, BLOCK_FP8: 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """Static description of one block-scaled GEMM: out[b] = a[b] @ b[b or 0].T."""
+
+    batch: int
+    b_batched: bool
+    m: int
+    n: int
+    k: int  # padded K, in elements
+    a_kind: str
+    b_kind: str
+    out_dtype: str  # "bf16" | "fp16" | "fp32"
+
+    def __post_init__(self):
+        for kind in (self.a_kind, self.b_kind):
+            if kind not in ALL_KINDS:
+                raise ValueError(f"unknown operand kind {kind!r}")
+        if self.out_dtype not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"unknown out_dtype {self.out_dtype!r}")
+
+    def elements_per_byte(self, side: str) -> int:
+        return ELEMENTS_PER_BYTE.get(self.a_kind if side == "a" else self.b_kind, 1)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
