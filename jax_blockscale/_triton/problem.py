@@ -59,3 +59,19 @@ class GemmProblem:
     @property
     def flops(self) -> int:
         return 2 * self.batch * self.m * self.n * self.k
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Launch configuration of one kernel: tile sizes (in elements) and Triton's warp/stage counts."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8  # grouped (swizzled) launch order for L2 reuse
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+    def replace(self, **changes) -> "TileConfig":
+        return dataclasses.replace(self, **changes)
