@@ -14,3 +14,8 @@ __all__ = [
     "quantize",
     "reference",
 ]
+
+from .api import explain, explain_all, matmul
+from .backends import detect_target
+
+__all__ += ["detect_target", "explain", "explain_all", "matmul"]

@@ -1,0 +1,252 @@
+"""The public matmul: operand checks, the pair table, `custom_vjp`, and `explain`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import backends, primitive
+from ._triton.problem import TileConfig
+from .formats import BlockFP8Format, FormatLike, MXFormat, NVFP4Format, get_format
+from .quantize import BlockScaledArray, dequantize, quantize
+from .reference import check_operands
+
+__all__ = ["matmul", "explain", "explain_all", "operand_kind"]
+
+Operand = Union[BlockScaledArray, jax.Array]
+_DENSE_KINDS = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.float32): "fp32"}
+_OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+_DEEPSEEK_TILES = {"a": (1, 128), "b": (128, 128)}
+
+
+def operand_kind(x: Operand, side: str) -> str:
+    """The kernel-table name of an operand: element kind (MX), 'nvfp4', 'block_fp8', or its dense dtype."""
+    if not isinstance(x, BlockScaledArray):
+        return _DENSE_KINDS[jnp.dtype(x.dtype)]
+    fmt = x.fmt
+    if isinstance(fmt, MXFormat):
+        return fmt.element.name
+    if isinstance(fmt, NVFP4Format):
+        return "nvfp4"
+    rows, cols = fmt.tile
+    # The block-FP8 kernels implement DeepSeek-V3's pairing: 1x128 activation groups, 128x128 weight tiles.
+    return "block_fp8" if fmt.tile == _DEEPSEEK_TILES[side] else f"fp8_block_{rows}x{cols}"
+
+
+def _family(x: Operand) -> str:
+    if not isinstance(x, BlockScaledArray):
+        return "dense"
+    return {MXFormat: "mx", NVFP4Format: "nvfp4", BlockFP8Format: "fp8_block"}[type(x.fmt)]
+
+
+_COMPATIBLE = {
+    frozenset({"mx"}), frozenset({"nvfp4"}), frozenset({"fp8_block"}),
+    frozenset({"dense", "mx"}), frozenset({"dense", "nvfp4"}), frozenset({"dense", "fp8_block"}),
+}
+
+
+def _check_pair(a: Operand, b: Operand) -> None:
+    fa, fb = _family(a), _family(b)
+    if fa == fb == "dense":
+        raise ValueError(
+            "both operands are dense: quantize one (jax_blockscale.quantize) or pass a_format=/b_format= "
+            "to quantize inside the matmul"
+        )
+    if frozenset({fa, fb}) not in _COMPATIBLE:
+        raise ValueError(
+            f"cannot multiply {a.fmt.name} by {b.fmt.name}: their scale blocks along K differ. Supported: "
+            f"MX x MX (any element types), nvfp4 x nvfp4, fp8_block x fp8_block, dense x any"
+        )
+    if fa == fb == "fp8_block" and a.fmt.tile[1] != b.fmt.tile[1]:
+        raise ValueError(
+            f"fp8_block tiles {a.fmt.tile} and {b.fmt.tile} must have the same width along K"
+        )
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, BlockScaledArray) and x.axis != -1:
+            raise ValueError(
+                f"{name} is quantized along axis {x.axis}; matmul contracts the last axis (b is (N, K)), so "
+                f"quantize {name} with axis=-1"
+            )
+        if not isinstance(x, BlockScaledArray) and jnp.dtype(x.dtype) not in _DENSE_KINDS:
+            raise TypeError(f"{name} must be a BlockScaledArray or a float32/bfloat16/float16 array, "
+                            f"got {x.dtype}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    out_dtype: jnp.dtype
+    a_format: Optional[FormatLike]
+    b_format: Optional[FormatLike]
+    rounding: str
+    target: Optional[str]
+    config: Optional[TileConfig]
+
+
+def _spec_for_side(fmt: FormatLike, side: str):
+    # "fp8_block" named for a matmul side means DeepSeek-V3's tile for that side.
+    if isinstance(fmt, str) and fmt.lower() == "fp8_block":
+        return get_format(fmt, block=_DEEPSEEK_TILES[side])
+    return get_format(fmt)
+
+
+def _maybe_quantize(x: Operand, fmt, rounding: str, name: str) -> Operand:
+    if fmt is None:
+        return x
+    if isinstance(x, BlockScaledArray):
+        raise ValueError(f"{name} is already quantized ({x.fmt.name}); drop {name}_format=")
+    spec = _spec_for_side(fmt, name)
+    mx_rounding = rounding if isinstance(spec, MXFormat) else "floor"
+    return quantize(x, spec, axis=-1, rounding=mx_rounding)
+
+
+def _raw(x: Operand, other: Operand, side: str):
+    """Primitive operands and spec for one side; dense K is zero-padded to the other side's padded K."""
+    if isinstance(x, BlockScaledArray):
+        ts = x.tensor_scale if x.tensor_scale is not None else jnp.ones((), jnp.float32)
+        spec = primitive.OperandSpec(x.fmt, operand_kind(x, side), x.length)
+        return (x.values, x.scales, ts), spec
+    values = x
+    if isinstance(other, BlockScaledArray):
+        pad = other.padded_length - x.shape[-1]
+        values = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]) if pad else x
+    dummy_scales = jnp.zeros(x.shape[:-1] + (1,), jnp.uint8)
+    spec = primitive.OperandSpec(None, operand_kind(x, side), x.shape[-1])
+    return (values, dummy_scales, jnp.ones((), jnp.float32)), spec
+
+
+def _forward(a: Operand, b: Operand, s: _Static) -> jax.Array:
+    (av, asc, ats), aspec = _raw(a, b, "a")
+    (bv, bsc, bts), bspec = _raw(b, a, "b")
+    return primitive.bind(av, asc, ats, bv, bsc, bts, a=aspec, b=bspec, out_dtype=s.out_dtype,
+                          target=s.target, config=s.config)
+
+
+def _as_f32(x: Operand) -> jax.Array:
+    return dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
+
+
+def _sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    keep = tuple(i for i, d in enumerate(shape) if d == 1 and x.shape[i] != 1)
+    return x.sum(axis=keep, keepdims=True) if keep else x
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(a: Operand, b: Operand, s: _Static) -> jax.Array:
+    return _forward(_maybe_quantize(a, s.a_format, s.rounding, "a"),
+                    _maybe_quantize(b, s.b_format, s.rounding, "b"), s)
+
+
+def _matmul_fwd(a, b, s):
+    qa = _maybe_quantize(a, s.a_format, s.rounding, "a")
+    qb = _maybe_quantize(b, s.b_format, s.rounding, "b")
+    return _forward(qa, qb, s), (a, b, qa, qb)
+
+
+def _matmul_bwd(s, residuals, g):
+    """High-precision backward: float32 products with the dequantized other operand.
+
+    Dense operands (quantized inside through a_format/b_format or not) get the straight-through gradient;
+    BlockScaledArray operands are constants and get a zero cotangent.
+    """
+    a, b, qa, qb = residuals
+    g = g.astype(jnp.float32)
+    hp = dict(precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+
+    def grad_a():
+        da = jnp.einsum("...mn,...nk->...mk", g, _as_f32(qb), **hp)
+        return _sum_to_shape(da, a.shape).astype(a.dtype)
+
+    def grad_b():
+        db = jnp.einsum("...mn,...mk->...nk", g, _as_f32(qa), **hp)
+        return _sum_to_shape(db, b.shape).astype(b.dtype)
+
+    da = jax.tree_util.tree_map(jnp.zeros_like, a) if isinstance(a, BlockScaledArray) else grad_a()
+    db = jax.tree_util.tree_map(jnp.zeros_like, b) if isinstance(b, BlockScaledArray) else grad_b()
+    return _zero_float0(da), _zero_float0(db)
+
+
+def _zero_float0(tree):
+    def leaf(x):
+        if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+            return jnp.zeros(x.shape, jax.dtypes.float0)
+        return x
+    return jax.tree_util.tree_map(leaf, tree)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(
+    a: Operand,
+    b: Operand,
+    *,
+    out_dtype=jnp.bfloat16,
+    a_format: Optional[FormatLike] = None,
+    b_format: Optional[FormatLike] = None,
+    rounding: str = "floor",
+    target: Optional[str] = None,
+    config: Optional[TileConfig] = None,
+) -> jax.Array:
+    """Block-scaled matmul `a (..., M, K) x b (..., N, K) -> (..., M, N)` (b is the weight, transposed).
+
+    Each operand is a `BlockScaledArray` quantized along K, or a dense float array. A dense operand with
+    `a_format=`/`b_format=` is quantized inside (MX formats with `rounding=`) and gets a straight-through
+    gradient. Runs the Triton kernel for the target (`target=None` detects it: "sm_100", "sm_90", "gfx950";
+    naming one lets you lower for hardware you don't have) and the jnp reference on CPU; see `explain`.
+    Works under jit, vmap (one launch) and grad (float32 backward).
+    """
+    if jnp.dtype(out_dtype) not in [jnp.dtype(d) for d in _OUT_DTYPES]:
+        raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {jnp.dtype(out_dtype)}")
+    if target is not None and backends._normalize_target(target) not in backends.TARGETS:
+        raise ValueError(f"unknown target {target!r}; choose one of {backends.TARGETS} or None to detect")
+    if not isinstance(a, BlockScaledArray):
+        a = jnp.asarray(a)
+    if not isinstance(b, BlockScaledArray):
+        b = jnp.asarray(b)
+    s = _Static(jnp.dtype(out_dtype), a_format, b_format, rounding, target, config)
+    qa_shape = jax.eval_shape(lambda x: _maybe_quantize(x, a_format, rounding, "a"), a)
+    qb_shape = jax.eval_shape(lambda x: _maybe_quantize(x, b_format, rounding, "b"), b)
+    _check_pair(qa_shape, qb_shape)
+    check_operands(qa_shape, qb_shape)
+    return _matmul(a, b, s)
+
+
+def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optional[str] = None) -> backends.Choice:
+    """Which path runs for this pair: `Choice(target, path, kernel, why)`, path one of native / upcast /
+    reference. `a`/`b` are operands or format names ("mxfp8", "nvfp4", "bf16", ...)."""
+    kinds = [_kind_of(x, side) for x, side in ((a, "a"), (b, "b"))]
+    return backends.choose(target or backends.detect_target(), *kinds)
+
+
+def _kind_of(x, side: str) -> str:
+    if isinstance(x, BlockScaledArray) or hasattr(x, "dtype"):
+        return operand_kind(x, side)
+    if x in ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32"):
+        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(x, x)
+    spec = _spec_for_side(x, side)
+    dummy = jax.eval_shape(lambda: quantize(jnp.zeros((1, spec.block), jnp.float32), spec))
+    return operand_kind(dummy, side)
+
+
+_EXPLAIN_PAIRS = (
+    ("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8_e5m2"), ("mxfp6_e2m3", "mxfp6_e2m3"),
+    ("mxfp6_e3m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
+    ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp8_block", "fp8_block"),
+)
+
+
+def explain_all(target: Optional[str] = None) -> str:
+    """A table of the path each common format pair takes on `target` (default: this machine)."""
+    target = target or backends.detect_target()
+    lines = [f"target: {target}"]
+    for a, b in _EXPLAIN_PAIRS:
+        c = explain(a, b, target=target)
+        lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Which kernel runs where: target detection and the one dispatch table.
+
+Targets are `"sm_100"` (Blackwell B200/GB200; sm_103 is treated as sm_100), `"sm_90"` (Hopper H100/H200),
+`"gfx950"` (AMD MI355) and `"cpu"`. The jnp reference (`jax_blockscale.reference`) is itself a backend:
+it serves the CPU and any GPU without a kernel, and `explain` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Optional
+
+import jax
+
+from ._triton.problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4
+
+__all__ = ["Choice", "detect_target", "choose", "TARGETS", "KERNEL_TABLE"]
+
+TARGETS = ("sm_100", "sm_90", "gfx950", "cpu")
+
+_MX_PAIRS = frozenset((a, b) for a in MX_KINDS for b in MX_KINDS)
+_DENSE_X_MX = frozenset((d, m) for d in DENSE_KINDS for m in MX_KINDS + (NVFP4,))
+_MX_X_DENSE = frozenset((m, d) for d in DENSE_KINDS for m in MX_KINDS + (NVFP4,))
+_CDNA4_NATIVE = frozenset({("e2m1", "e2m1"), ("e4m3", "e4m3"), ("e4m3", "e2m1")})
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelEntry:
+    module: str  # under jax_blockscale._triton
+    pairs: frozenset  # (a_kind, b_kind)
+    path: str  # "native" | "upcast"
+    why: str
+
+
+# One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
+KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
+    "sm_100": (
+        KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)} | _DENSE_X_MX - {("fp16", NVFP4)},
+                    "native", "tl.dot_scaled lowers to tcgen05.mma block_scale"),
+        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+                    "fp8 tcgen05.mma with fp32 promotion per 128-K block"),
+        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
+                    "decoded to bf16 in registers before a bf16 MMA"),
+    ),
+    "sm_90": (
+        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+                    "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
+        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
+                    "Hopper has no block-scaled MMA: decoded to bf16 in registers before a bf16 wgmma"),
+    ),
+    "gfx950": (
+        KernelEntry("dot_scaled_cdna4", _CDNA4_NATIVE, "native",
+                    "tl.dot_scaled lowers to v_mfma_scale_f32 with pre-shuffled scales"),
+        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+                    "fp8 MFMA with fp32 promotion per 128-K block"),
+        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
+                    "no native path in Triton 3.6 for this pair: decoded to bf16 before a bf16 MFMA"),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What runs for one operand pair on one target."""
+
+    target: str
+    path: str  # "native" | "upcast" | "reference"
+    kernel: Optional[str]
+    why: str
+
+    def load(self):
+        """The kernel module (needs triton)."""
+        return importlib.import_module(f"jax_blockscale._triton.{self.kernel}")
+
+
+def _normalize_target(target: str) -> str:
+    t = target.lower()
+    if t in ("sm_100a", "sm_103", "sm_103a", "sm_100"):
+        return "sm_100"
+    if t in ("sm_90a", "sm_90"):
+        return "sm_90"
+    return t
+
+
+def detect_target(device: jax.Device | None = None) -> str:
+    """The target name of `device` (default: the first JAX device)."""
+    device = device or jax.devices()[0]
+    if device.platform == "cpu":
+        return "cpu"
+    cc = getattr(device, "compute_capability", None)
+    if device.platform in ("gpu", "cuda") and cc is not None and "." in str(cc):
+        major, minor = str(cc).split(".")[:2]
+        return _normalize_target(f"sm_{major}{minor}")
+    kind = str(getattr(device, "device_kind", "")).lower()
+    if "gfx" in str(cc or "") or "gfx" in kind:
+        arch = str(cc or kind)
+        return arch[arch.index("gfx"):].split(":")[0].split()[0]
+    if "mi355" in kind or "mi350" in kind:
+        return "gfx950"
+    return f"{device.platform}:{kind or 'unknown'}"
+
+
+def choose(target: str, a_kind: str, b_kind: str) -> Choice:
+    """The dispatch decision for one target and operand pair; never raises for a known pair."""
+    target = _normalize_target(target)
+    if target == "cpu":
+        return Choice(target, "reference", None, "CPU: the jnp reference (dequantize + fp32 dot) runs")
+    for entry in KERNEL_TABLE.get(target, ()):
+        if (a_kind, b_kind) in entry.pairs:
+            return Choice(target, entry.path, entry.module, entry.why)
+    if target not in KERNEL_TABLE:
+        why = f"no Triton kernel targets {target}; the jnp reference runs (correct, not fast)"
+    else:
+        why = f"no kernel for {a_kind} x {b_kind} on {target}; the jnp reference runs"
+    return Choice(target, "reference", None, why)
