@@ -73,12 +73,15 @@ def _dequantized(values, scales, ts, spec: OperandSpec) -> jax.Array:
         return values.astype(jnp.float32)
     # Both operands keep their zero padding along K (the same for every compatible pair).
     padded = values.shape[-1] * spec.fmt.elements_per_byte
-    q = BlockScaledArray(values, scales, spec.fmt, -1, padded,
-                         None if ts is None else jnp.ones((), jnp.float32))
-    out = dequantize(q, jnp.float32)
-    if ts is not None and spec.kind == "nvfp4":
-        out = out * ts.reshape(ts.shape + (1, 1)).astype(jnp.float32)
-    return out
+    tensor_scale = None
+    if spec.kind == "nvfp4":
+        # Batched tensor scales (from vmap) align with the batch dims; give all three one batch shape so
+        # dequantize applies them exactly as the oracle does.
+        batch = jnp.broadcast_shapes(ts.shape, values.shape[:-2])
+        values = jnp.broadcast_to(values, batch + values.shape[-2:])
+        scales = jnp.broadcast_to(scales, batch + scales.shape[-2:])
+        tensor_scale = jnp.broadcast_to(ts, batch)
+    return dequantize(BlockScaledArray(values, scales, spec.fmt, -1, padded, tensor_scale), jnp.float32)
 
 
 def reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, **_):
