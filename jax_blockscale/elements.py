@@ -115,8 +115,10 @@ def decode_e8m0(codes: jax.Array) -> jax.Array:
     """e8m0 codes (uint8 or float8_e8m0fnu) to float32 powers of two; 0xFF is NaN, 0x00 is 2**-127."""
     if codes.dtype == jnp.float8_e8m0fnu:
         codes = lax.bitcast_convert_type(codes, jnp.uint8)
-    e = codes.astype(jnp.int32) - E8M0_BIAS
-    value = scale_by_exp2(jnp.ones(codes.shape, jnp.float32), e)
+    # Built from bits: 2**-127 (code 0x00) is a float32 subnormal, and computing it by multiplication
+    # would flush it to zero on backends that flush subnormals (XLA CPU). 0x00400000 is 2**-127.
+    bits = jnp.where(codes == 0, jnp.uint32(0x00400000), codes.astype(jnp.uint32) << 23)
+    value = lax.bitcast_convert_type(bits, jnp.float32)
     return jnp.where(codes == E8M0_NAN, jnp.nan, value)
 
 

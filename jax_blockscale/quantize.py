@@ -122,6 +122,25 @@ def _split_blocks(x: jax.Array, block: int) -> jax.Array:
     return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
+def _div_rn(x: jax.Array, d) -> jax.Array:
+    """x / d in float32, correctly rounded.
+
+    XLA's algebraic simplifier rewrites a division by a broadcast (a scalar divisor included) into a
+    multiplication by the reciprocal, which is an ulp off often enough to flip rounding decisions. The
+    divisor is therefore broadcast to the full shape and hidden behind an optimization barrier (it still
+    fuses). It is also tied to `x` by a no-op bitwise OR, so that under vmap it is batched like `x`: an
+    unbatched divisor would be broadcast again after the barrier, where XLA sees it.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    d = jnp.asarray(d, jnp.float32)
+    shape = jnp.broadcast_shapes(x.shape, d.shape)
+    x = jnp.broadcast_to(x, shape)
+    tie = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0)
+    d = lax.bitcast_convert_type(jnp.broadcast_to(d, shape), jnp.uint32) | tie
+    d = lax.bitcast_convert_type(d, jnp.float32)
+    return x / lax.optimization_barrier(d)
+
+
 def _mx_shared_exponent(amax: jax.Array, fmt: MXFormat, rounding: str) -> jax.Array:
     elem = fmt.element
     if rounding == "floor":
@@ -134,7 +153,12 @@ def _mx_shared_exponent(amax: jax.Array, fmt: MXFormat, rounding: str) -> jax.Ar
         carried = lax.round(q, lax.RoundingMethod.TO_NEAREST_EVEN) >= 2 ** (elem.mbits + 1)
         return e + carried.astype(jnp.int32) - elem.emax
     if rounding == "rceil":
-        return elements.ceil_log2(amax / jnp.float32(elem.max_normal))
+        # For tiny amax the quotient is a float32 subnormal, which flushing backends (XLA CPU) turn into
+        # zero, giving E = -127 and saturated elements. Scaling amax by 2**64 first keeps the quotient
+        # normal; a power-of-two prescale does not change the RNE quotient's mantissa.
+        k = jnp.where(amax < jnp.float32(2.0**-64), 64, 0)
+        q = _div_rn(elements.scale_by_exp2(amax, k), elem.max_normal)
+        return elements.ceil_log2(q) - k
     raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
 
 
@@ -151,7 +175,7 @@ def _quantize_mx(x: jax.Array, fmt: MXFormat, rounding: str):
 
 def nvfp4_tensor_scale(x: jax.Array) -> jax.Array:
     """nvfp4's per-tensor scale: amax(x) / (448 * 6), so that block scales use e4m3's full range."""
-    return jnp.max(jnp.abs(x.astype(jnp.float32))) / jnp.float32(448.0 * 6.0)
+    return _div_rn(jnp.max(jnp.abs(x.astype(jnp.float32))), 448.0 * 6.0)
 
 
 def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
@@ -164,11 +188,12 @@ def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
     ts = jnp.where(tensor_scale == 0, jnp.float32(1.0), tensor_scale)
     blocks = _split_blocks(x, fmt.block)
     amax = jnp.max(jnp.abs(blocks), axis=-1)
-    block_scale = elements.encode_e4m3_scale(amax / jnp.float32(6.0) / ts)
+    block_scale = elements.encode_e4m3_scale(_div_rn(_div_rn(amax, 6.0), ts))
     bad = ~jnp.all(jnp.isfinite(blocks), axis=-1)
     block_scale = jnp.where(bad, jnp.float8_e4m3fn(jnp.nan), block_scale)
     denom = block_scale.astype(jnp.float32) * ts
-    scaled = jnp.where(denom[..., None] == 0, 0.0, blocks / jnp.where(denom == 0, 1.0, denom)[..., None])
+    safe = jnp.where(denom == 0, 1.0, denom)
+    scaled = jnp.where(denom[..., None] == 0, 0.0, _div_rn(blocks, safe[..., None]))
     codes = elements.encode(scaled, fmt.element).reshape(x.shape)
     return codes, block_scale, tensor_scale
 
@@ -199,10 +224,10 @@ def _quantize_block_fp8(x: jax.Array, fmt: BlockFP8Format, axis: int):
         tiles = _split_blocks(xt, cols)
         amax = jnp.max(jnp.abs(tiles), axis=-1)
         bad = ~jnp.all(jnp.isfinite(tiles), axis=-1)
-    scale = jnp.where(amax == 0, jnp.float32(1.0), amax / jnp.float32(448.0))
+    scale = jnp.where(amax == 0, jnp.float32(1.0), _div_rn(amax, 448.0))
     scale = jnp.where(bad, jnp.nan, scale)
     s = scale[..., :, None, :, None] if rows > 1 else scale[..., None]
-    codes = elements.encode(tiles / s, fmt.element)
+    codes = elements.encode(_div_rn(tiles, s), fmt.element)
     codes = codes.reshape(xt.shape)
     if rows > 1:
         codes = codes[..., :n_rows, :]
@@ -300,7 +325,10 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32) -> jax.Array:
             out = elements.scale_by_exp2(blocks, e[..., None])
             out = jnp.where((codes == elements.E8M0_NAN)[..., None], jnp.nan, out)
         else:
-            block_scale = scales.astype(jnp.float32) * q.tensor_scale.astype(jnp.float32)
+            ts = q.tensor_scale.astype(jnp.float32)
+            # vmap/scan over quantize gives the tensor scale leading batch dims: align them on the left.
+            ts = ts.reshape(ts.shape + (1,) * (scales.ndim - ts.ndim))
+            block_scale = scales.astype(jnp.float32) * ts
             out = blocks * block_scale[..., None]
         out = jnp.moveaxis(out.reshape(vals.shape), -1, axis)
     out = lax.slice_in_dim(out, 0, q.length, axis=axis)
