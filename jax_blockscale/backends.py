@@ -22,7 +22,6 @@ TARGETS = ("sm_100", "sm_90", "gfx950", "cpu")
 _MX_PAIRS = frozenset((a, b) for a in MX_KINDS for b in MX_KINDS)
 _DENSE_X_MX = frozenset((d, m) for d in DENSE_KINDS for m in MX_KINDS + (NVFP4,))
 _MX_X_DENSE = frozenset((m, d) for d in DENSE_KINDS for m in MX_KINDS + (NVFP4,))
-_CDNA4_NATIVE = frozenset({("e2m1", "e2m1"), ("e4m3", "e4m3"), ("e4m3", "e2m1")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,28 +33,36 @@ class KernelEntry:
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
+_UPCAST_PAIRS = _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}
+_BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
+
+# One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
+# fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
 KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     "sm_100": (
-        KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)} | _DENSE_X_MX - {("fp16", NVFP4)},
-                    "native", "tl.dot_scaled lowers to tcgen05.mma block_scale"),
-        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+        KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",
+                    "tl.dot_scaled lowers to tcgen05.mma block_scale (mxf8f6f4 / mxf4 / mxf4nvf4)"),
+        KernelEntry("dot_scaled_nvidia", _DENSE_X_MX - {(d, NVFP4) for d in DENSE_KINDS}, "upcast",
+                    "Triton decodes the MX operand in the kernel and runs a 16-bit tcgen05.mma (kind::f16)"),
+        KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 tcgen05.mma with fp32 promotion per 128-K block"),
-        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
+        KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "decoded to bf16 in registers before a bf16 MMA"),
     ),
     "sm_90": (
-        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+        KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
-        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
+        KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "Hopper has no block-scaled MMA: decoded to bf16 in registers before a bf16 wgmma"),
     ),
     "gfx950": (
-        KernelEntry("dot_scaled_cdna4", _CDNA4_NATIVE, "native",
-                    "tl.dot_scaled lowers to v_mfma_scale_f32 with pre-shuffled scales"),
-        KernelEntry("block_fp8", frozenset({(BLOCK_FP8, BLOCK_FP8)}), "native",
+        KernelEntry("dot_scaled_cdna4", _MX_PAIRS, "native",
+                    "tl.dot_scaled lowers to v_mfma_scale_f32_*_f8f6f4 with pre-shuffled scales"),
+        KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 MFMA with fp32 promotion per 128-K block"),
-        KernelEntry("upcast", _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}, "upcast",
-                    "no native path in Triton 3.6 for this pair: decoded to bf16 before a bf16 MFMA"),
+        KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
+                    "no native path in Triton 3.6 (nvfp4 dot_scaled fails to compile for gfx950): "
+                    "decoded to bf16 before a bf16 MFMA"),
     ),
 }
 

@@ -38,7 +38,11 @@ def compile_kernel(
 
     full_signature = dict(signature)
     full_signature.update({name: "constexpr" for name in constexprs})
-    src = ASTSource(fn=kernel, signature=full_signature, constexprs=dict(constexprs))
+    # jax-triton promises Triton 16-byte-aligned buffers; say the same here so the compiled code (vector
+    # loads, cp.async pipelining) is what runs under jax, not a byte-load variant.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(full_signature.values())
+             if ty.startswith("*")}
+    src = ASTSource(fn=kernel, signature=full_signature, constexprs=dict(constexprs), attrs=attrs)
     return triton.compile(
         src, target=gpu_target(target), options=dict(num_warps=num_warps, num_stages=num_stages, **options)
     )
