@@ -19,3 +19,9 @@ from .api import explain, explain_all, matmul
 from .backends import detect_target
 
 __all__ += ["detect_target", "explain", "explain_all", "matmul"]
+
+from .dot_general import BlockScaledDotGeneral, dot_general
+from .recipes import RECIPE_NAMES, RECIPES, Recipe, get_recipe, quantize_weight, quantized_dense, recipe_matmul
+
+__all__ += ["BlockScaledDotGeneral", "RECIPE_NAMES", "RECIPES", "Recipe", "dot_general", "get_recipe",
+            "quantize_weight", "quantized_dense", "recipe_matmul"]

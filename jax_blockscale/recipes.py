@@ -1,0 +1,365 @@
+"""Training and inference recipes: which format each of a dense layer's three GEMMs uses.
+
+A dense layer `y = x W^T` (x (..., M, K), W (N, K)) runs three GEMMs, all in the NT form of
+`jax_blockscale.matmul` (a (.., M, K) x b (.., N, K), both quantized along their last axis):
+
+- fprop  y  (M, N) = x (M, K)   . W   (N, K)   -> a = x along K,     b = W along K
+- dgrad  dx (M, K) = dy (M, N)  . W^T (K, N)   -> a = dy along N,    b = W^T along N
+- wgrad  dW (N, K) = dy^T (N, M) . x^T (K, M)  -> a = dy^T along M,  b = x^T along M (batch dims fold into M)
+
+A `Recipe` names the format of each operand (None: kept dense in its own dtype). `recipe_matmul` and
+`quantized_dense` wrap the three GEMMs in one `jax.custom_vjp`, so the recipe's backward, not the
+straight-through backward of `jax_blockscale.matmul`, is what differentiates. Every GEMM with a quantized
+operand runs on the `blockscaled_matmul` primitive; a GEMM with two dense operands runs as a jnp dot with
+float32 accumulation (the primitive needs one block-scaled side).
+
+Built-in recipes (`get_recipe(name)`); scales of MX formats use `rounding="rceil"`, which never saturates:
+
+| name | fprop (x, W) | dgrad (dy, W^T) | wgrad (dy^T, x^T) |
+|---|---|---|---|
+| bf16 | dense | dense | dense |
+| mxfp8 | mxfp8_e4m3, mxfp8_e4m3 | mxfp8_e4m3, mxfp8_e4m3 | mxfp8_e4m3, mxfp8_e4m3 |
+| mxfp8_e5m2_grads | mxfp8_e4m3, mxfp8_e4m3 | mxfp8_e5m2, mxfp8_e4m3 | mxfp8_e5m2, mxfp8_e4m3 |
+| nvfp4 | nvfp4, nvfp4 | as mxfp8 | as mxfp8 |
+| fp8_deepseek | fp8 1x128, fp8 128x128 | fp8 1x128, fp8 128x128 | fp8 1x128, fp8 128x128 |
+| w4a8 (inference) | mxfp8_e4m3, mxfp4 | dense | dense |
+| w4a16 (inference) | dense, mxfp4 | dense | dense |
+
+`bf16` quantizes nothing: a plain dot in the operands' own dtype (bf16 in a bf16 model), the baseline.
+Choices: gradients are e4m3 in `mxfp8` because a 32-element power-of-two block scale already supplies the
+range that e5m2 buys per tensor, and e4m3's extra mantissa bit halves the error (the finding of NVIDIA's
+MXFP8 pre-training recipe); `mxfp8_e5m2_grads` is the OCP/Transformer-Engine "hybrid" alternative.
+`fp8_deepseek` quantizes the gradient side of wgrad in DeepSeek-V3's 1x128 groups, but x^T in 128x128 tiles
+instead of 1x128: the native block-FP8 kernels pair a 1x128 `a` with a 128x128 `b`, and a 1x128 `b` would run
+the jnp reference (see `explain`). nvfp4 trains its backward in mxfp8 (no stochastic rounding here). The
+inference recipes backpropagate densely, straight-through (dgrad against the high-precision weight, or the
+dequantized one when the weight is pre-quantized), so they can also be fine-tuned quantization-aware.
+
+Residuals: the forward saves the wgrad operand x^T and the dgrad operand W^T already quantized when the
+recipe quantizes them (about 1 byte per element instead of 2-4), else the high-precision tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+
+from .api import matmul
+from .formats import BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, get_format
+from .quantize import ROUNDING_MODES, BlockScaledArray, dequantize, quantize
+
+__all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
+           "quantized_dense", "quantize_weight"]
+
+_DEEPSEEK_ACT = BlockFP8Format(tile=(1, 128))
+_DEEPSEEK_WEIGHT = BlockFP8Format(tile=(128, 128))
+_DENSE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_GEMMS = ("fprop", "dgrad", "wgrad")
+
+FormatPair = tuple[Optional[Format], Optional[Format]]
+
+
+def _resolve(fmt: Optional[FormatLike], side: str) -> Optional[Format]:
+    # "fp8_block" by name means DeepSeek-V3's tile for the matmul side, as in jax_blockscale.matmul.
+    if fmt is None:
+        return None
+    if isinstance(fmt, str) and fmt.lower() == "fp8_block":
+        return _DEEPSEEK_ACT if side == "a" else _DEEPSEEK_WEIGHT
+    return get_format(fmt)
+
+
+def _family(fmt: Optional[Format]) -> str:
+    if fmt is None:
+        return "dense"
+    return {MXFormat: "mx", NVFP4Format: "nvfp4", BlockFP8Format: "fp8_block"}[type(fmt)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Formats of a dense layer's three GEMMs; each pair is (a, b) of the NT matmul (module docstring).
+
+    Fields take format names or objects ("fp8_block" means 1x128 on the a side, 128x128 on the b side) and
+    are stored resolved. `rounding` is the MX scale rounding (`jax_blockscale.quantize`); nvfp4 and
+    fp8_block scales ignore it. Frozen and hashable: usable as a static argument and a Flax field.
+    """
+
+    name: str
+    fprop: FormatPair = (None, None)
+    dgrad: FormatPair = (None, None)
+    wgrad: FormatPair = (None, None)
+    rounding: str = "rceil"
+    inference: bool = False  # built for serving; its backward is a bf16 straight-through
+
+    def __post_init__(self):
+        if self.rounding not in ROUNDING_MODES:
+            raise ValueError(f"recipe {self.name!r}: unknown rounding {self.rounding!r}; choose one of "
+                             f"{ROUNDING_MODES}")
+        for gemm in _GEMMS:
+            pair = getattr(self, gemm)
+            if len(pair) != 2:
+                raise ValueError(f"recipe {self.name!r}: {gemm} must be an (a, b) pair of formats, "
+                                 f"got {pair!r}")
+            a, b = _resolve(pair[0], "a"), _resolve(pair[1], "b")
+            fams = {_family(a), _family(b)}
+            if len(fams) == 2 and "dense" not in fams:
+                raise ValueError(f"recipe {self.name!r}: {gemm} pairs {a.name} with {b.name}, whose scale "
+                                 f"blocks along K differ; the matmul takes MX x MX, nvfp4 x nvfp4, "
+                                 f"fp8_block x fp8_block, or dense x any")
+            if fams == {"fp8_block"} and a.tile[1] != b.tile[1]:
+                raise ValueError(f"recipe {self.name!r}: {gemm} fp8_block tiles {a.tile} and {b.tile} "
+                                 f"need the same width along K")
+            object.__setattr__(self, gemm, (a, b))
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether any GEMM has a block-scaled operand (False for the bf16 baseline)."""
+        return any(f is not None for g in _GEMMS for f in getattr(self, g))
+
+    @property
+    def weight_format(self) -> Optional[Format]:
+        """The format a pre-quantized (inference) weight must have: fprop's b side."""
+        return self.fprop[1]
+
+    def describe(self) -> str:
+        """One line per GEMM: which format each operand gets."""
+        def name(f):
+            if f is None:
+                return "dense"
+            return f"{f.name} {f.tile[0]}x{f.tile[1]}" if isinstance(f, BlockFP8Format) else f.name
+        rows = [f"recipe {self.name} (rounding {self.rounding})"]
+        labels = {"fprop": ("x along K", "W along K"), "dgrad": ("dy along N", "W^T along N"),
+                  "wgrad": ("dy^T along M", "x^T along M")}
+        for gemm in _GEMMS:
+            (fa, fb), (la, lb) = getattr(self, gemm), labels[gemm]
+            rows.append(f"  {gemm}: {la}: {name(fa)}, {lb}: {name(fb)}")
+        return "\n".join(rows)
+
+
+RecipeLike = Union[str, Recipe]
+
+_MXFP8 = ("mxfp8_e4m3", "mxfp8_e4m3")
+RECIPES: types.MappingProxyType = types.MappingProxyType({
+    "bf16": Recipe("bf16"),
+    "mxfp8": Recipe("mxfp8", _MXFP8, _MXFP8, _MXFP8),
+    "mxfp8_e5m2_grads": Recipe("mxfp8_e5m2_grads", _MXFP8, ("mxfp8_e5m2", "mxfp8_e4m3"),
+                               ("mxfp8_e5m2", "mxfp8_e4m3")),
+    "nvfp4": Recipe("nvfp4", ("nvfp4", "nvfp4"), _MXFP8, _MXFP8),
+    "fp8_deepseek": Recipe("fp8_deepseek", (_DEEPSEEK_ACT, _DEEPSEEK_WEIGHT), (_DEEPSEEK_ACT, _DEEPSEEK_WEIGHT),
+                           (_DEEPSEEK_ACT, _DEEPSEEK_WEIGHT)),
+    "w4a8": Recipe("w4a8", ("mxfp8_e4m3", "mxfp4"), inference=True),
+    "w4a16": Recipe("w4a16", (None, "mxfp4"), inference=True),
+})
+RECIPE_NAMES: tuple[str, ...] = tuple(RECIPES)
+_ALIASES = {"deepseek": "fp8_deepseek", "fp8_block": "fp8_deepseek", "bfloat16": "bf16", "none": "bf16"}
+
+
+def get_recipe(recipe: RecipeLike) -> Recipe:
+    """A `Recipe` from a name (`RECIPE_NAMES`, case-insensitive) or passed through."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if not isinstance(recipe, str):
+        raise TypeError(f"a recipe is a name or a jax_blockscale.Recipe, got {type(recipe).__name__}")
+    key = _ALIASES.get(recipe.lower(), recipe.lower())
+    if key not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPE_NAMES)} or build a "
+                         f"Recipe")
+    return RECIPES[key]
+
+
+# ------------------------------------------------------------------------------------------ the GEMMs
+
+
+def _quantize(x: jax.Array, fmt: Optional[Format], rounding: str):
+    if fmt is None:
+        return x
+    return quantize(x, fmt, axis=-1, rounding=rounding if isinstance(fmt, MXFormat) else "floor")
+
+
+def _t(x: jax.Array) -> jax.Array:
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _gemm(a, b, out_dtype) -> jax.Array:
+    """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled."""
+    if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
+        return matmul(a, b, out_dtype=out_dtype)
+    # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
+    # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
+    return jnp.einsum("...mk,...nk->...mn", a, b, preferred_element_type=out_dtype)
+
+
+def _dense(w, dtype=jnp.float32) -> jax.Array:
+    return dequantize(w, dtype) if isinstance(w, BlockScaledArray) else w
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    recipe: Recipe
+    out_dtype: jnp.dtype
+    x_dtype: jnp.dtype
+    w_dtype: Optional[jnp.dtype]  # None: W is a pre-quantized BlockScaledArray (a constant)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _core(x: jax.Array, w, s: _Static) -> jax.Array:
+    """x (*B, M, K) x w (*B, N, K) -> (*B, M, N) with the recipe's forward; same batch dims on both."""
+    r = s.recipe
+    qw = w if isinstance(w, BlockScaledArray) else _quantize(w, r.fprop[1], r.rounding)
+    return _gemm(_quantize(x, r.fprop[0], r.rounding), qw, s.out_dtype)
+
+
+def _core_fwd(x, w, s: _Static):
+    r = s.recipe
+    frozen = isinstance(w, BlockScaledArray)
+    # Residuals in the form the backward GEMMs read, quantized where the recipe quantizes them.
+    # wgrad's x^T (K, M) along M is needed only when W is trainable.
+    x_res = None if frozen else (_quantize(_t(x), r.wgrad[1], r.rounding) if r.wgrad[1] else x)
+    # dgrad's W^T (K, N) along N; a dense or frozen W is kept as it is (a parameter, or already compact).
+    w_res = _quantize(_t(_dense(w)), r.dgrad[1], r.rounding) if r.dgrad[1] else w
+    return _core(x, w, s), (x_res, w_res)
+
+
+def _core_bwd(s: _Static, res, g):
+    r = s.recipe
+    x_res, w_res = res
+    # dgrad: dx (M, K) = dy (M, N) . W^T (K, N)
+    wt = w_res if r.dgrad[1] else _t(_dense(w_res, s.x_dtype))
+    dx = _gemm(_quantize(g, r.dgrad[0], r.rounding), wt, s.x_dtype)
+    if s.w_dtype is None:
+        return dx, None
+    # wgrad: dW (N, K) = dy^T (N, M) . x^T (K, M)
+    xt = x_res if r.wgrad[1] else _t(x_res)
+    dw = _gemm(_quantize(_t(g), r.wgrad[0], r.rounding), xt, s.w_dtype)
+    return dx, dw
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+# ------------------------------------------------------------------------------------- public entry points
+
+
+def _explain(r: Recipe, x_shape, w_shape, why: str) -> ValueError:
+    return ValueError(f"recipe {r.name!r} cannot handle x {tuple(x_shape)} . w {tuple(w_shape)} "
+                      f"(x (..., M, K), w (..., N, K)): {why}")
+
+
+def _check(r: Recipe, x, w) -> None:
+    """Trace-time checks, so a bad shape or operand fails with an explanation, not deep in a kernel."""
+    xs, ws = tuple(x.shape), tuple(w.shape)
+    if isinstance(x, BlockScaledArray):
+        raise _explain(r, xs, ws, "x is a BlockScaledArray; pass activations dense, the recipe quantizes them")
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, BlockScaledArray) and jnp.dtype(t.dtype) not in _DENSE_DTYPES:
+            raise TypeError(f"recipe {r.name!r}: {name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if len(xs) < 1 or len(ws) < 2:
+        raise _explain(r, xs, ws, "x needs a contraction axis and w must be at least 2-D (N, K)")
+    if xs[-1] != ws[-1]:
+        raise _explain(r, xs, ws, f"contraction sizes differ ({xs[-1]} vs {ws[-1]}); w is (N, K), the "
+                       f"transpose of a Flax (in, out) kernel")
+    if 0 in xs or 0 in ws:
+        raise _explain(r, xs, ws, "an axis has size 0; block scaling needs at least one element per block "
+                       "(skip the layer for empty inputs)")
+    if len(ws) > 2 and len(xs) < 2:
+        raise _explain(r, xs, ws, "a batched w (*B, N, K) needs x of shape (*B, M, K)")
+    if isinstance(w, BlockScaledArray):
+        want = r.weight_format
+        if want is None or w.fmt != want:
+            need = "keeps weights dense" if want is None else f"expects {want.name} weights"
+            raise _explain(r, xs, ws, f"the recipe {need}, got a pre-quantized {w.fmt.name} weight; "
+                           f"quantize the kernel with quantize_weight(kernel, recipe) for this recipe, or "
+                           f"serve it with a recipe whose weight format is {w.fmt.name}")
+        if w.axis != -1:
+            raise _explain(r, xs, ws, f"the pre-quantized weight is quantized along axis {w.axis}; it must "
+                           f"be (N, K) quantized along K (axis -1), as quantize_weight makes it")
+        if len(ws) > 2 and ws[:-2] != xs[:-2]:
+            raise _explain(r, xs, ws, "a batched pre-quantized weight needs x with the same batch dims")
+
+
+def _out_dtype(x, w, out_dtype) -> jnp.dtype:
+    if out_dtype is None:
+        out_dtype = x.dtype if isinstance(w, BlockScaledArray) else jnp.result_type(x.dtype, w.dtype)
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in _DENSE_DTYPES:
+        raise ValueError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    return out_dtype
+
+
+def recipe_matmul(x: jax.Array, w, recipe: RecipeLike, *, out_dtype=None) -> jax.Array:
+    """`x (..., M, K) . w (N, K)^T -> (..., M, N)`, or batched `x (*B, M, K) . w (*B', N, K)` (B' broadcasts
+    against B), with the recipe's forward and backward.
+
+    `w` is dense (float32/bfloat16/float16: trained; gradients flow to it) or a `BlockScaledArray` (N, K)
+    quantized along K in the recipe's weight format (`quantize_weight`; a constant, zero gradient). With a
+    2-D w, all leading dims of x fold into M, so wgrad contracts over every token. `out_dtype` defaults to
+    the promoted dtype of x and w (x's dtype with a quantized w). Shape and format errors are raised at
+    trace time with the reason.
+    """
+    r = get_recipe(recipe)
+    x = jnp.asarray(x) if not isinstance(x, BlockScaledArray) else x
+    w = w if isinstance(w, BlockScaledArray) else jnp.asarray(w)
+    _check(r, x, w)
+    out_dtype = _out_dtype(x, w, out_dtype)
+    if not r.quantizes:  # the baseline: plain autodiff of a dense dot
+        out = _gemm(x if x.ndim > 1 else x[None], w, out_dtype)
+        return out if x.ndim > 1 else out[0]
+    frozen = isinstance(w, BlockScaledArray)
+    s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype))
+    if w.ndim == 2:
+        lead, k = x.shape[:-1], x.shape[-1]
+        return _core(x.reshape(-1, k), w, s).reshape(*lead, w.shape[0])
+    batch = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    # Broadcasting outside the custom_vjp lets autodiff sum dW over broadcast batch dims.
+    x = jnp.broadcast_to(x, batch + x.shape[-2:])
+    if not frozen:
+        w = jnp.broadcast_to(w, batch + w.shape[-2:])
+    return _core(x, w, s)
+
+
+def quantized_dense(x: jax.Array, w_t, recipe: RecipeLike, *, out_dtype=None) -> jax.Array:
+    """A dense layer's matmul, `x (..., K) . w_t (N, K)^T -> (..., N)`, with the recipe's three GEMMs.
+
+    `w_t` is the weight in the matmul's (N, K) layout: a Flax (in, out) kernel transposed, or a
+    `BlockScaledArray` from `quantize_weight` for inference.
+    """
+    if not isinstance(w_t, BlockScaledArray) and jnp.ndim(w_t) != 2:
+        raise ValueError(f"quantized_dense takes a 2-D weight (N, K), got shape {jnp.shape(w_t)}; "
+                         f"use recipe_matmul for batched weights")
+    x = jnp.asarray(x)
+    if x.ndim == 1:
+        return recipe_matmul(x[None], w_t, recipe, out_dtype=out_dtype)[0]
+    return recipe_matmul(x, w_t, recipe, out_dtype=out_dtype)
+
+
+def quantize_weight(kernel: jax.Array, recipe: RecipeLike) -> BlockScaledArray:
+    """Quantizes a Flax-layout kernel `(..., K, N)` once for serving: a `BlockScaledArray` `(..., N, K)`
+    quantized along K in the recipe's weight format.
+
+    Leading dims (a scanned stack of layers) are quantized one matrix at a time, so each layer keeps its
+    own nvfp4 tensor scale and slicing the stack gives each layer's weight. Raises for a recipe that keeps
+    weights dense (bf16).
+    """
+    r = get_recipe(recipe)
+    if r.weight_format is None:
+        raise ValueError(f"recipe {r.name!r} keeps weights dense; there is nothing to pre-quantize")
+    kernel = jnp.asarray(kernel)
+    if kernel.ndim < 2:
+        raise ValueError(f"a kernel is (..., K, N); got shape {kernel.shape}")
+    return _quantize_weight(kernel, r)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_weight(kernel: jax.Array, r: Recipe) -> BlockScaledArray:
+    # jit: run eagerly, quantization would dispatch (and compile) dozens of small ops one by one.
+    def one(k):
+        return _quantize(k.T, r.weight_format, r.rounding)
+
+    fn = one
+    for _ in range(kernel.ndim - 2):
+        fn = jax.vmap(fn)
+    return fn(kernel)
