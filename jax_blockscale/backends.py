@@ -33,7 +33,11 @@ class KernelEntry:
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
-_UPCAST_PAIRS = _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)}
+# The upcast kernel multiplies in bf16, so fp16 activations (10 mantissa bits) would be rounded to bf16's 7:
+# those pairs take the reference rather than lose precision silently.
+_UPCAST_PAIRS = frozenset(
+    pair for pair in _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)} if "fp16" not in pair
+)
 _BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
