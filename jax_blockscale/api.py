@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backends, primitive
+from . import backends, partitioning, primitive
 from ._triton.problem import TileConfig
 from .formats import BlockFP8Format, FormatLike, MXFormat, NVFP4Format, get_format
 from .quantize import BlockScaledArray, dequantize, quantize
@@ -122,8 +122,9 @@ def _raw(x: Operand, other: Operand, side: str):
 def _forward(a: Operand, b: Operand, s: _Static) -> jax.Array:
     (av, asc, ats), aspec = _raw(a, b, "a")
     (bv, bsc, bts), bspec = _raw(b, a, "b")
-    return primitive.bind(av, asc, ats, bv, bsc, bts, a=aspec, b=bspec, out_dtype=s.out_dtype,
-                          target=s.target, config=s.config)
+    # partitioning.bind: the primitive with sharding rules, so a sharded jit does not gather the operands.
+    return partitioning.bind(av, asc, ats, bv, bsc, bts, a=aspec, b=bspec, out_dtype=s.out_dtype,
+                             target=s.target, config=s.config)
 
 
 def _as_f32(x: Operand) -> jax.Array:
