@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+from .tiling import grouped_tile, k_tile_range
+
 from .. import layouts
 from . import dot_scaled_nvidia as _nv
 from . import jt
@@ -91,19 +93,11 @@ def scaled_gemm_kernel_cdna4(
 
     Grid: (tiles, batch, SPLIT_K). Batch strides are 0 for an operand without a batch dim.
     """
-    NUM_PID_M: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    NUM_PID_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     K_STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    STEPS_PER_SPLIT: tl.constexpr = (K_STEPS + SPLIT_K - 1) // SPLIT_K
     MASK_K: tl.constexpr = K % BLOCK_K != 0
     UNIT_ROW_BYTES: tl.constexpr = (K + 255) // 256 * 256  # one 32-row unit: 32 rows x K/32 scales
 
-    pid = tl.program_id(0)
-    pids_per_group = GROUP_M * NUM_PID_N
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_rows = min(NUM_PID_M - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
@@ -115,12 +109,7 @@ def scaled_gemm_kernel_cdna4(
     b_rows = tl.minimum(tl.arange(0, BLOCK_N), N - 1 - pid_n * BLOCK_N)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K == 1:
-        k_begin = 0
-        k_end = K_STEPS
-    else:
-        k_begin = split * STEPS_PER_SPLIT
-        k_end = tl.minimum(k_begin + STEPS_PER_SPLIT, K_STEPS)
+    k_begin, k_end = k_tile_range(K_STEPS, SPLIT_K)
     for k_step in range(k_begin, k_end):
         a = _nv.load_value_tile(a_base, a_rows, k_step, K // A_PER_BYTE, BLOCK_K // A_PER_BYTE, MASK_K)
         b = _nv.load_value_tile(b_base, b_rows, k_step, K // B_PER_BYTE, BLOCK_K // B_PER_BYTE, MASK_K)

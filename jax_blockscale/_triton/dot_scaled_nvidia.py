@@ -32,6 +32,8 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from .tiling import grouped_tile, k_tile_range
+
 from .. import layouts
 from . import jt
 from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
@@ -105,20 +107,11 @@ def scaled_gemm_kernel(
 
     Grid: (tiles, batch, SPLIT_K). Batch strides are 0 for an operand without a batch dim.
     """
-    NUM_PID_M: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    NUM_PID_N: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     K_STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    STEPS_PER_SPLIT: tl.constexpr = (K_STEPS + SPLIT_K - 1) // SPLIT_K
     MASK_K: tl.constexpr = K % BLOCK_K != 0
     NUM_K_UNITS: tl.constexpr = (K // VEC + 3) // 4
 
-    # Grouped launch order: GROUP_M row blocks share each B column block while it sits in L2.
-    pid = tl.program_id(0)
-    pids_per_group = GROUP_M * NUM_PID_N
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_rows = min(NUM_PID_M - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
@@ -131,12 +124,7 @@ def scaled_gemm_kernel(
     b_rows = tl.minimum(tl.arange(0, BLOCK_N), N - 1 - pid_n * BLOCK_N)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K == 1:
-        k_begin = 0
-        k_end = K_STEPS
-    else:
-        k_begin = split * STEPS_PER_SPLIT
-        k_end = tl.minimum(k_begin + STEPS_PER_SPLIT, K_STEPS)
+    k_begin, k_end = k_tile_range(K_STEPS, SPLIT_K)
     for k_step in range(k_begin, k_end):
         a = load_value_tile(a_base, a_rows, k_step, K // A_PER_BYTE, BLOCK_K // A_PER_BYTE, MASK_K)
         b = load_value_tile(b_base, b_rows, k_step, K // B_PER_BYTE, BLOCK_K // B_PER_BYTE, MASK_K)

@@ -27,7 +27,8 @@ import triton.language as tl
 
 from ..formats import get_format
 from ..quantize import BlockScaledArray, dequantize
-from .block_fp8 import check_operands, grouped_tile, k_tile_range, run_gemm, split_k_for, store_tile
+from .block_fp8 import check_operands, run_gemm, split_k_for, store_tile
+from .tiling import grouped_tile, k_tile_range
 from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
 
 _UPCAST_KINDS = MX_KINDS + (NVFP4,) + DENSE_KINDS
