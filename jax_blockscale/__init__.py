@@ -15,10 +15,10 @@ __all__ = [
     "reference",
 ]
 
-from .api import explain, explain_all, matmul
+from .api import explain, explain_all, matmul, quantize_operand
 from .backends import detect_target
 
-__all__ += ["detect_target", "explain", "explain_all", "matmul"]
+__all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand"]
 
 from .dot_general import BlockScaledDotGeneral, dot_general
 from .recipes import RECIPE_NAMES, RECIPES, Recipe, get_recipe, quantize_weight, quantized_dense, recipe_matmul

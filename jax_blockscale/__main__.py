@@ -23,14 +23,6 @@ _DEMO_PAIRS = (
 )
 
 
-def _operand(x: jax.Array, fmt: str, side: str):
-    if fmt == "bf16":
-        return x.astype(jnp.bfloat16)
-    if fmt == "fp8_block":
-        return jb.quantize(x, fmt, block=(1, 128) if side == "a" else (128, 128))
-    return jb.quantize(x, fmt)
-
-
 def _time(fn, *args, reps: int) -> float:
     jax.block_until_ready(fn(*args))
     start = time.perf_counter()
@@ -63,7 +55,7 @@ def main(argv=None) -> None:
           f"{'TFLOP/s':>8}")
     matmul = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=jnp.float32))
     for fa, fb in _DEMO_PAIRS:
-        a, b = _operand(x, fa, "a"), _operand(w, fb, "b")
+        a, b = jb.quantize_operand(x, fa, side="a"), jb.quantize_operand(w, fb, side="b")
         out = matmul(a, b)
         ref = jb.reference.matmul(a, b)
         err = float(jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact))

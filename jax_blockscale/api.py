@@ -11,23 +11,22 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import backends, partitioning, primitive
-from ._triton.problem import TileConfig
-from .formats import BlockFP8Format, FormatLike, MXFormat, NVFP4Format, get_format
+from ._triton.problem import DTYPE_NAMES, TileConfig
+from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_family, format_for_side
 from .quantize import BlockScaledArray, dequantize, quantize
 from .reference import check_operands
 
-__all__ = ["matmul", "explain", "explain_all", "operand_kind"]
+__all__ = ["matmul", "explain", "explain_all", "operand_kind", "quantize_operand"]
 
 Operand = Union[BlockScaledArray, jax.Array]
-_DENSE_KINDS = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.float32): "fp32"}
-_OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-_DEEPSEEK_TILES = {"a": (1, 128), "b": (128, 128)}
+_DENSE_NAMES = {"bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16, "fp16": jnp.float16, "float16": jnp.float16,
+                "fp32": jnp.float32, "float32": jnp.float32}
 
 
 def operand_kind(x: Operand, side: str) -> str:
     """The kernel-table name of an operand: element kind (MX), 'nvfp4', 'block_fp8', or its dense dtype."""
     if not isinstance(x, BlockScaledArray):
-        return _DENSE_KINDS[jnp.dtype(x.dtype)]
+        return DTYPE_NAMES[jnp.dtype(x.dtype)]
     fmt = x.fmt
     if isinstance(fmt, MXFormat):
         return fmt.element.name
@@ -35,13 +34,11 @@ def operand_kind(x: Operand, side: str) -> str:
         return "nvfp4"
     rows, cols = fmt.tile
     # The block-FP8 kernels implement DeepSeek-V3's pairing: 1x128 activation groups, 128x128 weight tiles.
-    return "block_fp8" if fmt.tile == _DEEPSEEK_TILES[side] else f"fp8_block_{rows}x{cols}"
+    return "block_fp8" if fmt.tile == DEEPSEEK_TILES[side] else f"fp8_block_{rows}x{cols}"
 
 
 def _family(x: Operand) -> str:
-    if not isinstance(x, BlockScaledArray):
-        return "dense"
-    return {MXFormat: "mx", NVFP4Format: "nvfp4", BlockFP8Format: "fp8_block"}[type(x.fmt)]
+    return format_family(x.fmt if isinstance(x, BlockScaledArray) else None)
 
 
 _COMPATIBLE = {
@@ -72,7 +69,7 @@ def _check_pair(a: Operand, b: Operand) -> None:
                 f"{name} is quantized along axis {x.axis}; matmul contracts the last axis (b is (N, K)), so "
                 f"quantize {name} with axis=-1"
             )
-        if not isinstance(x, BlockScaledArray) and jnp.dtype(x.dtype) not in _DENSE_KINDS:
+        if not isinstance(x, BlockScaledArray) and jnp.dtype(x.dtype) not in DTYPE_NAMES:
             raise TypeError(f"{name} must be a BlockScaledArray or a float32/bfloat16/float16 array, "
                             f"got {x.dtype}")
 
@@ -87,21 +84,24 @@ class _Static:
     config: Optional[TileConfig]
 
 
-def _spec_for_side(fmt: FormatLike, side: str):
-    # "fp8_block" named for a matmul side means DeepSeek-V3's tile for that side.
-    if isinstance(fmt, str) and fmt.lower() == "fp8_block":
-        return get_format(fmt, block=_DEEPSEEK_TILES[side])
-    return get_format(fmt)
+def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str, rounding: str = "floor") -> Operand:
+    """`x` prepared as matmul side "a" (activations, (..., M, K)) or "b" (weight, (..., N, K)).
+
+    A format quantizes along K ("fp8_block" by name takes DeepSeek-V3's tile for the side: 1x128 for a,
+    128x128 for b; `rounding` applies to MX formats only); "bf16"/"fp16"/"fp32" cast; None returns `x`.
+    """
+    if fmt is None:
+        return x
+    if isinstance(fmt, str) and fmt.lower() in _DENSE_NAMES:
+        return jnp.asarray(x).astype(_DENSE_NAMES[fmt.lower()])
+    spec = format_for_side(fmt, side)
+    return quantize(x, spec, axis=-1, rounding=rounding if isinstance(spec, MXFormat) else "floor")
 
 
 def _maybe_quantize(x: Operand, fmt, rounding: str, name: str) -> Operand:
-    if fmt is None:
-        return x
-    if isinstance(x, BlockScaledArray):
+    if fmt is not None and isinstance(x, BlockScaledArray):
         raise ValueError(f"{name} is already quantized ({x.fmt.name}); drop {name}_format=")
-    spec = _spec_for_side(fmt, name)
-    mx_rounding = rounding if isinstance(spec, MXFormat) else "floor"
-    return quantize(x, spec, axis=-1, rounding=mx_rounding)
+    return quantize_operand(x, fmt, side=name, rounding=rounding)
 
 
 def _raw(x: Operand, other: Operand, side: str):
@@ -203,7 +203,7 @@ def matmul(
     naming one lets you lower for hardware you don't have) and the jnp reference on CPU; see `explain`.
     Works under jit, vmap (one launch) and grad (float32 backward).
     """
-    if jnp.dtype(out_dtype) not in [jnp.dtype(d) for d in _OUT_DTYPES]:
+    if jnp.dtype(out_dtype) not in DTYPE_NAMES:
         raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {jnp.dtype(out_dtype)}")
     if target is not None and backends._normalize_target(target) not in backends.TARGETS:
         raise ValueError(f"unknown target {target!r}; choose one of {backends.TARGETS} or None to detect")
@@ -227,13 +227,11 @@ def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optiona
 
 
 def _kind_of(x, side: str) -> str:
-    if isinstance(x, BlockScaledArray) or hasattr(x, "dtype"):
-        return operand_kind(x, side)
-    if x in ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32"):
-        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(x, x)
-    spec = _spec_for_side(x, side)
-    dummy = jax.eval_shape(lambda: quantize(jnp.zeros((1, spec.block), jnp.float32), spec))
-    return operand_kind(dummy, side)
+    if not (isinstance(x, BlockScaledArray) or hasattr(x, "dtype")):
+        # A format name: the kind of a one-block operand of that format, shapes only.
+        block = format_for_side(x, side).block if x.lower() not in _DENSE_NAMES else 1
+        x = jax.eval_shape(lambda: quantize_operand(jnp.zeros((1, block), jnp.float32), x, side=side))
+    return operand_kind(x, side)
 
 
 _EXPLAIN_PAIRS = (

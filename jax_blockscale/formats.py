@@ -7,7 +7,7 @@ The numbers here are the OCP Microscaling (MX) v1.0 spec's (Table 1 and §5.3) a
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +20,9 @@ __all__ = [
     "Format",
     "FormatLike",
     "get_format",
+    "format_for_side",
+    "format_family",
+    "DEEPSEEK_TILES",
     "FORMAT_NAMES",
     "E4M3",
     "E5M2",
@@ -187,3 +190,22 @@ def get_format(fmt: FormatLike, *, block: tuple[int, int] | None = None) -> Form
     raise ValueError(
         f"unknown format {fmt!r}; choose one of {', '.join(FORMAT_NAMES)} (aliases: mxfp8 = mxfp8_e4m3)"
     )
+
+
+# DeepSeek-V3's pairing, which the block-FP8 kernels implement: 1x128 activation groups (the matmul's a
+# side), 128x128 weight tiles (its b side).
+DEEPSEEK_TILES = {"a": (1, 128), "b": (128, 128)}
+
+
+def format_for_side(fmt: FormatLike, side: str) -> Format:
+    """`get_format`, except that "fp8_block" by name means DeepSeek-V3's tile for matmul side "a" or "b"."""
+    if isinstance(fmt, str) and fmt.lower() == "fp8_block":
+        return get_format(fmt, block=DEEPSEEK_TILES[side])
+    return get_format(fmt)
+
+
+def format_family(fmt: Optional[Format]) -> str:
+    """"mx", "nvfp4", "fp8_block", or "dense" for None: formats of one family share their K blocking."""
+    if fmt is None:
+        return "dense"
+    return {MXFormat: "mx", NVFP4Format: "nvfp4", BlockFP8Format: "fp8_block"}[type(fmt)]

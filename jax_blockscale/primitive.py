@@ -21,14 +21,13 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
-from . import backends
-from ._triton.problem import ELEMENTS_PER_BYTE, GemmProblem, TileConfig
+from . import backends, reference
+from ._triton.problem import DTYPE_NAMES, ELEMENTS_PER_BYTE, GemmProblem, TileConfig
 from .formats import Format
 from .quantize import BlockScaledArray, dequantize
 
 __all__ = ["OperandSpec", "blockscaled_matmul_p", "bind"]
 
-_OUT_NAMES = {jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.float16): "fp16", jnp.dtype(jnp.float32): "fp32"}
 # Kernels tile K by up to 256 elements; padding K here (zeros, rarely needed) keeps them mask-free along K.
 _K_ALIGN = 256
 
@@ -68,29 +67,32 @@ blockscaled_matmul_p.def_abstract_eval(_abstract_eval)
 blockscaled_matmul_p.def_impl(functools.partial(jax._src.dispatch.apply_primitive, blockscaled_matmul_p))
 
 
-def _dequantized(values, scales, ts, spec: OperandSpec) -> jax.Array:
+def _operand(values, scales, ts, spec: OperandSpec):
+    """Primitive operands of one side back as what `reference.matmul` takes: a BlockScaledArray or dense."""
     if spec.fmt is None:
-        return values.astype(jnp.float32)
+        return values
     # Both operands keep their zero padding along K (the same for every compatible pair).
     padded = values.shape[-1] * spec.fmt.elements_per_byte
     tensor_scale = None
     if spec.kind == "nvfp4":
         # Batched tensor scales (from vmap) align with the batch dims; give all three one batch shape so
-        # dequantize applies them exactly as the oracle does.
+        # dequantize applies them exactly as on the unbatched array.
         batch = jnp.broadcast_shapes(ts.shape, values.shape[:-2])
         values = jnp.broadcast_to(values, batch + values.shape[-2:])
         scales = jnp.broadcast_to(scales, batch + scales.shape[-2:])
         tensor_scale = jnp.broadcast_to(ts, batch)
-    return dequantize(BlockScaledArray(values, scales, spec.fmt, -1, padded, tensor_scale), jnp.float32)
+    return BlockScaledArray(values, scales, spec.fmt, -1, padded, tensor_scale)
+
+
+def _dequantized(values, scales, ts, spec: OperandSpec) -> jax.Array:
+    x = _operand(values, scales, ts, spec)
+    return dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
 
 
 def reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, **_):
-    """The oracle on primitive operands (same math as `jax_blockscale.reference.matmul`)."""
-    af = _dequantized(a_values, a_scales, a_ts, a)
-    bf = _dequantized(b_values, b_scales, b_ts, b)
-    out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=jax.lax.Precision.HIGHEST,
-                     preferred_element_type=jnp.float32)
-    return out.astype(out_dtype)
+    """The oracle, `jax_blockscale.reference.matmul`, on primitive operands."""
+    return reference.matmul(_operand(a_values, a_scales, a_ts, a), _operand(b_values, b_scales, b_ts, b),
+                            out_dtype=out_dtype)
 
 
 def _pad_last_to(x: jax.Array, size: int) -> jax.Array:
@@ -141,7 +143,7 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     scalar_alpha = a_ts.ndim == 0 and b_ts.ndim == 0
     alpha = (a_ts * b_ts).astype(jnp.float32).reshape(1) if scalar_alpha else jnp.ones((1,), jnp.float32)
     p = GemmProblem(batch=nb, b_batched=b_batched, m=m, n=n, k=k_padded, a_kind=a.kind, b_kind=b.kind,
-                    out_dtype=_OUT_NAMES[jnp.dtype(out_dtype)])
+                    out_dtype=DTYPE_NAMES[jnp.dtype(out_dtype)])
     cfg = config or launcher.default_config(p)
     out = launcher.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=cfg,
                           compute_capability=compute_capability)

@@ -198,10 +198,6 @@ def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
     return codes, block_scale, tensor_scale
 
 
-def _tile_row_axis(axis: int) -> int:
-    return -2 if axis == -1 else -1
-
-
 def _quantize_block_fp8(x: jax.Array, fmt: BlockFP8Format, axis: int):
     rows, cols = fmt.tile
     if rows > 1 and axis not in (-1, -2):

@@ -49,15 +49,15 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
-from .api import matmul
-from .formats import BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, get_format
-from .quantize import ROUNDING_MODES, BlockScaledArray, dequantize, quantize
+from .api import matmul, quantize_operand
+from .formats import DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, format_family, format_for_side
+from .quantize import ROUNDING_MODES, BlockScaledArray, dequantize
 
 __all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
            "quantized_dense", "quantize_weight"]
 
-_DEEPSEEK_ACT = BlockFP8Format(tile=(1, 128))
-_DEEPSEEK_WEIGHT = BlockFP8Format(tile=(128, 128))
+_DEEPSEEK_ACT = BlockFP8Format(tile=DEEPSEEK_TILES["a"])
+_DEEPSEEK_WEIGHT = BlockFP8Format(tile=DEEPSEEK_TILES["b"])
 _DENSE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _GEMMS = ("fprop", "dgrad", "wgrad")
 
@@ -65,18 +65,7 @@ FormatPair = tuple[Optional[Format], Optional[Format]]
 
 
 def _resolve(fmt: Optional[FormatLike], side: str) -> Optional[Format]:
-    # "fp8_block" by name means DeepSeek-V3's tile for the matmul side, as in jax_blockscale.matmul.
-    if fmt is None:
-        return None
-    if isinstance(fmt, str) and fmt.lower() == "fp8_block":
-        return _DEEPSEEK_ACT if side == "a" else _DEEPSEEK_WEIGHT
-    return get_format(fmt)
-
-
-def _family(fmt: Optional[Format]) -> str:
-    if fmt is None:
-        return "dense"
-    return {MXFormat: "mx", NVFP4Format: "nvfp4", BlockFP8Format: "fp8_block"}[type(fmt)]
+    return None if fmt is None else format_for_side(fmt, side)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +94,7 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: {gemm} must be an (a, b) pair of formats, "
                                  f"got {pair!r}")
             a, b = _resolve(pair[0], "a"), _resolve(pair[1], "b")
-            fams = {_family(a), _family(b)}
+            fams = {format_family(a), format_family(b)}
             if len(fams) == 2 and "dense" not in fams:
                 raise ValueError(f"recipe {self.name!r}: {gemm} pairs {a.name} with {b.name}, whose scale "
                                  f"blocks along K differ; the matmul takes MX x MX, nvfp4 x nvfp4, "
@@ -175,9 +164,8 @@ def get_recipe(recipe: RecipeLike) -> Recipe:
 
 
 def _quantize(x: jax.Array, fmt: Optional[Format], rounding: str):
-    if fmt is None:
-        return x
-    return quantize(x, fmt, axis=-1, rounding=rounding if isinstance(fmt, MXFormat) else "floor")
+    # fmt is already resolved for its side, so `side` only matters for names, which never reach here.
+    return quantize_operand(x, fmt, side="a", rounding=rounding)
 
 
 def _t(x: jax.Array) -> jax.Array:

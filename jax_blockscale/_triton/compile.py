@@ -6,7 +6,6 @@ Triton compiles for any target on a CPU: `target="sm_100"` gives sm_100a PTX, `"
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping
 
 TARGETS = ("sm_90", "sm_100", "gfx950")

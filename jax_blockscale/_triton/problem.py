@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
+import numpy as np
+
 # Element kinds. MX kinds carry e8m0 scales per 32 elements along K.
 MX_KINDS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 NVFP4 = "nvfp4"
@@ -29,6 +32,8 @@ BLOCK_FP8 = "block_fp8"
 DENSE_KINDS = ("bf16", "fp16")
 ALL_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8) + DENSE_KINDS
 
+# Names of the dense dtypes as operand kinds and output dtypes (jnp dtype -> name).
+DTYPE_NAMES = {np.dtype(ml_dtypes.bfloat16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
 ELEMENTS_PER_BYTE = {"e2m1": 2, NVFP4: 2}
 SCALE_BLOCK = {**{k: 32 for k in MX_KINDS}, NVFP4: 16, BLOCK_FP8: 128}
 
