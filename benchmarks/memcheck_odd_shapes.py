@@ -19,11 +19,7 @@ SHAPES = [(1, 129, 96), (129, 65, 200), (3, 2, 7, 33)]
 
 
 def _q(x, fmt, side):
-    if fmt == "bf16":
-        return x.astype(jnp.bfloat16)
-    if fmt == "fp8_block":
-        return jb.quantize(x, fmt, block=(1, 128) if side == "a" else (128, 128))
-    return jb.quantize(x, fmt)
+    return jb.quantize_operand(x, fmt, side=side)
 
 
 def main():

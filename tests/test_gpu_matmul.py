@@ -27,11 +27,7 @@ def _x(*shape):
 
 
 def _q(x, fmt, side):
-    if fmt in ("bf16", "fp16"):
-        return x.astype(jnp.bfloat16 if fmt == "bf16" else jnp.float16)
-    if fmt == "fp8_block":
-        return jb.quantize(x, fmt, block=(1, 128) if side == "a" else (128, 128))
-    return jb.quantize(x, fmt)
+    return jb.quantize_operand(x, fmt, side=side)
 
 
 def _tolerance(out_dtype, fa):

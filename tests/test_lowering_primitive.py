@@ -20,12 +20,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
 
 
 def _q(shape, fmt, side):
-    x = jnp.zeros(shape, jnp.float32)
-    if fmt in ("bf16", "fp16"):
-        return x.astype(jnp.bfloat16 if fmt == "bf16" else jnp.float16)
-    if fmt == "fp8_block":
-        return jb.quantize(x, fmt, block=(1, 128) if side == "a" else (128, 128))
-    return jb.quantize(x, fmt)
+    return jb.quantize_operand(jnp.zeros(shape, jnp.float32), fmt, side=side)
 
 
 def _lowered_ptx(fa, fb, target, a_shape=(2, 100, 512), b_shape=(192, 512), **kw):

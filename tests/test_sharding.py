@@ -64,11 +64,7 @@ def _check(out, ref, exact):
 
 
 def _q(x, fmt, side):
-    if fmt == "bf16":
-        return x.astype(jnp.bfloat16)
-    if fmt == "fp8_block":
-        return jb.quantize(x, fmt, block=(1, 128) if side == "a" else (128, 128))
-    return jb.quantize(x, fmt)
+    return jb.quantize_operand(x, fmt, side=side)
 
 
 def _put(mesh, x, spec, scale_spec=None):
