@@ -22,6 +22,7 @@ from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
 from . import backends, reference
+from ._triton import configs
 from ._triton.problem import DTYPE_NAMES, ELEMENTS_PER_BYTE, GemmProblem, TileConfig
 from .formats import Format
 from .quantize import BlockScaledArray, dequantize
@@ -103,7 +104,7 @@ def _pad_last_to(x: jax.Array, size: int) -> jax.Array:
 
 
 def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, target, config,
-                 compute_capability):
+                 compute_capability, device_kind=None):
     """GPU path: canonicalize to the launcher contract (`_triton/problem.py`) and launch."""
     choice = backends.choose(target, a.kind, b.kind)
     if choice.path == "reference":
@@ -144,7 +145,7 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     alpha = (a_ts * b_ts).astype(jnp.float32).reshape(1) if scalar_alpha else jnp.ones((1,), jnp.float32)
     p = GemmProblem(batch=nb, b_batched=b_batched, m=m, n=n, k=k_padded, a_kind=a.kind, b_kind=b.kind,
                     out_dtype=DTYPE_NAMES[jnp.dtype(out_dtype)])
-    cfg = config or launcher.default_config(p)
+    cfg = config or configs.select(choice.kernel, launcher, p, target, device_kind)
     out = launcher.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=cfg,
                           compute_capability=compute_capability)
     out = out.reshape(batch + (m, n))
@@ -161,22 +162,26 @@ def _compute_capability(target: str) -> Optional[int]:
 
 
 def _gpu_lowering(ctx, *args, target, **params):
-    target = target or _lowering_device_target(ctx)
+    device = _lowering_device(ctx)
+    if target is None:
+        if device is None:
+            raise ValueError(f"cannot detect the {ctx.module_context.platforms[0]} target without a device; "
+                             "pass target= (e.g. 'sm_90', 'sm_100')")
+        target = backends.detect_target(device)
+    # The tuned tables describe the device in hand, so they apply only when lowering for its own target.
+    own = device is not None and backends.detect_target(device) == backends._normalize_target(target)
     fn = functools.partial(_kernel_impl, target=target, compute_capability=_compute_capability(target),
-                           **params)
+                           device_kind=device.device_kind if own else None, **params)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
-def _lowering_device_target(ctx) -> str:
+def _lowering_device(ctx) -> Optional[jax.Device]:
     # The module is lowered for the devices it will run on; jax.devices() of the lowering platform is the
-    # best information available at lowering time.
-    platform = ctx.module_context.platforms[0]
+    # best information available at lowering time (none when lowering for a GPU on a CPU-only machine).
     try:
-        return backends.detect_target(jax.devices(platform)[0])
+        return jax.devices(ctx.module_context.platforms[0])[0]
     except RuntimeError:
-        raise ValueError(
-            f"cannot detect the {platform} target without a device; pass target= (e.g. 'sm_90', 'sm_100')"
-        ) from None
+        return None
 
 
 def _cpu_lowering(ctx, *args, **params):

@@ -178,11 +178,17 @@ BLOCK_FP8_CONFIGS = [
     TileConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=4),  # two K tiles per scale
     TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, split_k=3),
     TileConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=2),
+    # Hopper speed paths: swapped operands (decode), TMA loads with 64- and 256-wide tiles.
+    TileConfig(block_m=64, block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=2, swap_ab=True),
+    TileConfig(block_m=128, block_n=64, block_k=128, num_warps=8, num_stages=4, swap_ab=True),
+    TileConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, tma=True),
+    TileConfig(block_m=64, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=True),
 ]
 UPCAST_CONFIGS = [
     TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=2),  # K = 224: masked tail
     TileConfig(block_m=64, block_n=256, block_k=32, num_warps=8, num_stages=4),
     TileConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3, split_k=3),
+    TileConfig(block_m=64, block_n=16, block_k=128, num_warps=4, num_stages=4, split_k=3, swap_ab=True),
 ]
 
 
@@ -205,6 +211,15 @@ def test_upcast_predecoded(kernels, capability, a_kind, b_kind):
     p = GemmProblem(1, False, 1000, 700, 224, a_kind, b_kind, "bf16")
     config = kernels[1].default_config(p)
     assert kernels[1].predecoded_sides(p, config) == (True, b_kind != "bf16")
+    check(kernels[1], p, capability, config)
+
+
+@pytest.mark.parametrize("a_kind,b_kind", [("nvfp4", "e2m1"), ("bf16", "e4m3"), ("e5m2", "e3m2")])
+def test_upcast_predecoded_tma(kernels, capability, a_kind, b_kind):
+    """Both operands predecoded (large M and N): the TMA bf16 kernel, with ragged M and N tiles."""
+    p = GemmProblem(1, False, 1000, 1100, 512, a_kind, b_kind, "bf16")
+    config = kernels[1].default_config(p)
+    assert config.tma
     check(kernels[1], p, capability, config)
 
 

@@ -53,7 +53,7 @@ def gemm_constexprs(p: GemmProblem, config: TileConfig) -> dict:
     batches, rows = (p.batch, p.m) if p.b_batched else (1, p.batch * p.m)
     return dict(M=rows, N=p.n, K=p.k, BATCHES=batches, B_BATCHED=p.b_batched, BLOCK_M=config.block_m,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m, SPLIT_K=config.split_k,
-                WIDE=block_fp8.needs_wide_offsets(p, config))
+                WIDE=block_fp8.needs_wide_offsets(p, config), OUT_T=config.swap_ab)
 
 
 def cross_compile(kernel, p: GemmProblem, config: TileConfig, target: str, **extra) -> str:
@@ -104,29 +104,33 @@ BLOCK_FP8_PROBLEM = GemmProblem(1, False, 1000, 1000, 1024, "block_fp8", "block_
 
 def test_block_fp8_sm90_uses_fp8_wgmma():
     cfg = block_fp8.default_config(BLOCK_FP8_PROBLEM)
-    assert WGMMA_FP8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_90"))
+    assert WGMMA_FP8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_90",
+                                          **block_fp8.kernel_constexprs(False)))
 
 
 @pytest.mark.parametrize("block_n", [64, 256])
 def test_block_fp8_sm90_tile_widths(block_n):
     # 64 divides a 128-row weight block (one scalar scale), 256 spans two (per-column scales).
     cfg = FAST.replace(block_k=128, block_n=block_n)
-    assert WGMMA_FP8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_90"))
+    assert WGMMA_FP8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_90",
+                                          **block_fp8.kernel_constexprs(False)))
 
 
 def test_block_fp8_sm100_uses_tcgen05_f8f6f4():
-    cfg = block_fp8.default_config(BLOCK_FP8_PROBLEM)
-    assert TCGEN05_F8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_100"))
+    cfg = block_fp8.default_config(BLOCK_FP8_PROBLEM, "sm_100")
+    assert TCGEN05_F8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "sm_100",
+                                            **block_fp8.kernel_constexprs(False)))
 
 
 def test_block_fp8_gfx950_uses_fp8_mfma():
-    cfg = block_fp8.default_config(BLOCK_FP8_PROBLEM)
-    assert MFMA_F8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "gfx950"))
+    cfg = block_fp8.default_config(BLOCK_FP8_PROBLEM, "gfx950")
+    assert MFMA_F8.search(cross_compile(block_fp8.block_fp8_kernel, BLOCK_FP8_PROBLEM, cfg, "gfx950",
+                                         **block_fp8.kernel_constexprs(False)))
 
 
 def test_block_fp8_lowered_through_jax_triton():
     p = GemmProblem(2, False, 129, 300, 512, "block_fp8", "block_fp8", "bf16")
-    ptx = lowered_ptx(block_fp8, p, block_fp8.default_config(p))
+    ptx = lowered_ptx(block_fp8, p, block_fp8.default_config(p).replace(tma=False))
     assert WGMMA_FP8.search(ptx)
     # jax-triton marks every array 16-byte aligned, which lets Triton pipeline the tile loads.
     assert "cp.async" in ptx
@@ -156,7 +160,7 @@ def test_upcast_sm90_uses_wgmma(a_kind, b_kind):
 
 def test_upcast_gfx950_nvfp4_uses_mfma():
     p = GemmProblem(1, False, 512, 512, 1024, "nvfp4", "nvfp4", "bf16")
-    cfg = upcast.default_config(p).replace(num_stages=2)
+    cfg = upcast.default_config(p, "gfx950").replace(num_stages=2)
     asm = cross_compile(upcast.upcast_kernel, p, cfg, "gfx950", **upcast.kernel_constexprs(p))
     assert MFMA_BF16.search(asm)
     assert ".amdhsa_float_denorm_mode_32 3" in asm  # fp32 subnormals kept (the decode relies on them)
@@ -181,8 +185,8 @@ def test_upcast_predecoded_lowered():
 
 def test_upcast_decode_split_k_lowered():
     p = GemmProblem(1, False, 1, 4096, 4096, "nvfp4", "nvfp4", "bf16")
-    cfg = upcast.default_config(p)
-    assert cfg.split_k > 1
+    cfg = upcast.default_config(p, "gfx950")
+    assert cfg.split_k > 1 and not cfg.swap_ab
     assert "mma.sync" in lowered_ptx(upcast, p, cfg)
 
 

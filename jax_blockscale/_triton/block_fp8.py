@@ -61,10 +61,11 @@ def check_operands(p: GemmProblem, a_values, a_scales, b_values, b_scales) -> No
 
 @triton.jit
 def store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, batch, M: tl.constexpr, N: tl.constexpr,
-               BATCHES: tl.constexpr, SPLIT_K: tl.constexpr, WIDE: tl.constexpr):
+               BATCHES: tl.constexpr, SPLIT_K: tl.constexpr, WIDE: tl.constexpr, OUT_T: tl.constexpr = False):
     """acc * alpha, cast to the output type, stored where in bounds. Under split-K each split writes its
     own fp32 slice (SPLIT_K, BATCHES, M, N), summed outside in a fixed order: atomics would make the
-    result depend on the arrival order of programs."""
+    result depend on the arrival order of programs. OUT_T (swapped operands): the tile is out.T's, so it
+    is stored to (.., N, M)."""
     acc = acc * tl.load(alpha_ptr)
     if SPLIT_K == 1:
         slab = batch
@@ -73,7 +74,10 @@ def store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, batch, M: tl.constexpr, 
     if WIDE:
         slab = slab.to(tl.int64)
         offs_m = offs_m.to(tl.int64)
-    ptrs = out_ptr + slab * (M * N) + offs_m[:, None] * N + offs_n[None, :]
+    if OUT_T:
+        ptrs = out_ptr + slab * (M * N) + offs_n[None, :] * M + offs_m[:, None]
+    else:
+        ptrs = out_ptr + slab * (M * N) + offs_m[:, None] * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -83,21 +87,43 @@ def store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, batch, M: tl.constexpr, 
 
 
 @triton.jit
+def _scale_pointers(scale_ptr, rows, pid, BLOCK: tl.constexpr, GROUP_ROWS: tl.constexpr, SCALE_K: tl.constexpr):
+    """Pointers to the K-block-0 scales of a tile's rows: one per row (1 x 128 activation groups) or, for
+    128 x 128 weight tiles, one per 128 rows, a scalar when the whole tile sits in one group."""
+    if GROUP_ROWS == 1:
+        ptrs = scale_ptr + rows * SCALE_K
+    elif GROUP_ROWS % BLOCK == 0:
+        ptrs = scale_ptr + (pid * BLOCK // GROUP_ROWS) * SCALE_K
+    else:
+        ptrs = scale_ptr + (rows // GROUP_ROWS) * SCALE_K
+    return ptrs
+
+
+@triton.jit
+def _scale_index(kt, BLOCK_K: tl.constexpr, K_TILES: tl.constexpr):
+    """The 128-wide scale block of K tile `kt`, clamped into range."""
+    return (tl.minimum(kt, K_TILES - 1) * BLOCK_K) // 128
+
+
+@triton.jit
 def block_fp8_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,  # jax-triton appends outputs last
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BATCHES: tl.constexpr, B_BATCHED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr, WIDE: tl.constexpr,
+    SPLIT_K: tl.constexpr, WIDE: tl.constexpr, OUT_T: tl.constexpr, A_SCALE_ROWS: tl.constexpr,
+    B_SCALE_ROWS: tl.constexpr,
 ):
-    """out[batch] = sum over 128-wide K blocks of (a_blk @ b_blk.T) * a_scale[:, blk] * b_scale[n/128, blk].
+    """out[batch] = sum over 128-wide K blocks of (a_blk @ b_blk.T) * a_scale[m, blk] * b_scale[n, blk].
 
     Shapes (all constexpr: jax-triton does not divisibility-specialize scalar ints): a (BATCHES, M, K),
-    a_scale (BATCHES, M, K/128), b ([BATCHES,] N, K), b_scale ([BATCHES,] ceil(N/128), K/128).
+    b ([BATCHES,] N, K); scales (.., cdiv(rows, *_SCALE_ROWS), K/128): activations have 1-row groups,
+    weights 128-row tiles. Swapped launches (weights as a, OUT_T) set A_SCALE_ROWS=128, B_SCALE_ROWS=1.
     """
     SCALE_K: tl.constexpr = K // 128
-    SCALE_N: tl.constexpr = triton.cdiv(N, 128)
-    # A tile column within one 128-row weight block shares one scale: a scalar load instead of a vector.
-    ONE_B_SCALE: tl.constexpr = 128 % BLOCK_N == 0
+    A_SCALE_LEN: tl.constexpr = triton.cdiv(M, A_SCALE_ROWS) * SCALE_K
+    B_SCALE_LEN: tl.constexpr = triton.cdiv(N, B_SCALE_ROWS) * SCALE_K
+    A_SCALAR: tl.constexpr = A_SCALE_ROWS > 1 and A_SCALE_ROWS % BLOCK_M == 0
+    B_SCALAR: tl.constexpr = B_SCALE_ROWS > 1 and B_SCALE_ROWS % BLOCK_N == 0
 
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1)
@@ -117,29 +143,36 @@ def block_fp8_kernel(
 
     a_tile_ptrs = a_ptr + batch * (M * K) + rows_a[:, None] * K + offs_k[None, :]
     b_tile_ptrs = b_ptr + b_batch * (N * K) + rows_b[:, None] * K + offs_k[None, :]
-    a_scale_ptrs = a_scale_ptr + batch * (M * SCALE_K) + rows_a * SCALE_K
-    b_scale_base = b_scale_ptr + b_batch * (SCALE_N * SCALE_K)
-    if ONE_B_SCALE:
-        b_scale_ptrs = b_scale_base + (pid_n * BLOCK_N // 128) * SCALE_K
-    else:
-        b_scale_ptrs = b_scale_base + (rows_b // 128) * SCALE_K
+    a_scale_ptrs = _scale_pointers(a_scale_ptr + batch * A_SCALE_LEN, rows_a, pid_m, BLOCK_M, A_SCALE_ROWS, SCALE_K)
+    b_scale_ptrs = _scale_pointers(b_scale_ptr + b_batch * B_SCALE_LEN, rows_b, pid_n, BLOCK_N, B_SCALE_ROWS,
+                                   SCALE_K)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_begin, k_end = k_tile_range(K // BLOCK_K, SPLIT_K)
+    K_TILES: tl.constexpr = K // BLOCK_K
+    k_begin, k_end = k_tile_range(K_TILES, SPLIT_K)
+    # Triton's pipeliner streams the tiles through cp.async but leaves the (scalar or short) scale loads
+    # synchronous, so each K step would wait one memory round trip for them. Scales are loaded two K steps
+    # ahead instead and carried in registers (indices clamped: the ring reads past the range harmlessly).
+    a_s0 = tl.load(a_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES))
+    b_s0 = tl.load(b_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES))
     for kt in range(k_begin, k_end):
+        a_s1 = tl.load(a_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
+        b_s1 = tl.load(b_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
         k0 = kt * BLOCK_K
         a = tl.load(a_tile_ptrs + k0)
         b = tl.load(b_tile_ptrs + k0)
-        a_scale = tl.load(a_scale_ptrs + k0 // 128)
-        b_scale = tl.load(b_scale_ptrs + k0 // 128)
         # wgmma fp8 takes both operands K-major in shared memory: b stays (N, K) and is transposed here.
         partial = tl.dot(a, tl.trans(b), out_dtype=tl.float32)
-        if ONE_B_SCALE:
-            acc += partial * (a_scale * b_scale)[:, None]
+        if A_SCALAR:
+            acc += partial * (a_s0 * b_s0)[None, :]
+        elif B_SCALAR:
+            acc += partial * (a_s0 * b_s0)[:, None]
         else:
-            acc += partial * a_scale[:, None] * b_scale[None, :]
+            acc += partial * a_s0[:, None] * b_s0[None, :]
+        a_s0 = a_s1
+        b_s0 = b_s1
 
-    store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, tl.program_id(1), M, N, BATCHES, SPLIT_K, WIDE)
+    store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, tl.program_id(1), M, N, BATCHES, SPLIT_K, WIDE, OUT_T)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -179,21 +212,32 @@ def split_k_for(tiles: int, k_tiles: int, *, min_k_tiles_per_split: int = 4) -> 
 def run_gemm(kernel, p: GemmProblem, a_values, a_scales, b_values, b_scales, alpha, *, config: TileConfig,
              compute_capability: int, name: str, **constexprs) -> jax.Array:
     """Folds the batch, launches `kernel` (signature: the five operands, out, then constexprs M, N, K,
-    BATCHES, B_BATCHED, BLOCK_*, GROUP_M, SPLIT_K, WIDE and `constexprs`), reduces split-K partials."""
+    BATCHES, B_BATCHED, BLOCK_*, GROUP_M, SPLIT_K, WIDE, OUT_T and `constexprs`), reduces split-K partials.
+
+    With `config.swap_ab` (decode: few activation rows, an unbatched weight) the kernel computes out.T =
+    b @ a.T and stores it transposed: the weight's N rows become the MMA's M side, whose smallest wgmma
+    tile is 64, while the few activation rows fill the N side, whose tiles go down to 8 (Hopper) — no
+    tensor-core work is spent on padding rows. The caller's `constexprs` must describe the swapped roles.
+    """
     check_operands(p, a_values, a_scales, b_values, b_scales)
     batches, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
     out_dtype = OUT_DTYPES[p.out_dtype]
     split = config.split_k
     out_shape = (split, batches, rows, p.n) if split > 1 else (batches, rows, p.n)
+    swap = config.swap_ab
+    if swap and p.b_batched:
+        raise ValueError("swap_ab needs an unbatched weight (b); batched problems use the normal order")
+    operands = (b_values, b_scales, a_values, a_scales) if swap else (a_values, a_scales, b_values, b_scales)
+    kernel_m, kernel_n = (p.n, rows) if swap else (rows, p.n)
     out = jt.call(
-        kernel, a_values, a_scales, b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
+        kernel, *operands, alpha.reshape(1).astype(jnp.float32),
         out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32 if split > 1 else out_dtype),
-        grid=gemm_grid(batches, rows, p.n, config),
+        grid=gemm_grid(batches, kernel_m, kernel_n, config),
         num_warps=config.num_warps, num_stages=config.num_stages, compute_capability=compute_capability,
         name=name,
-        M=rows, N=p.n, K=p.k, BATCHES=batches, B_BATCHED=p.b_batched,
+        M=kernel_m, N=kernel_n, K=p.k, BATCHES=batches, B_BATCHED=p.b_batched,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        SPLIT_K=split, WIDE=needs_wide_offsets(p, config), **constexprs,
+        SPLIT_K=split, WIDE=needs_wide_offsets(p, config), OUT_T=swap, **constexprs,
     )
     if split > 1:
         out = out.sum(axis=0).astype(out_dtype)
@@ -210,19 +254,35 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if SCALE_GROUP % config.block_k or config.block_k < 32:
         # One K tile must not straddle two 1x128 activation scales; wgmma fp8 consumes K in steps of 32.
         raise ValueError(f"block_fp8 needs block_k in (32, 64, 128), got {config.block_k}")
-    if config.block_n > SCALE_GROUP and config.block_n % SCALE_GROUP:
-        raise ValueError(f"block_n must divide 128 or be a multiple of it, got {config.block_n}")
+    weight_block = config.block_m if config.swap_ab else config.block_n
+    if weight_block > SCALE_GROUP and weight_block % SCALE_GROUP:
+        raise ValueError(f"the weight's tile ({weight_block} rows) must divide 128 or be a multiple of it")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    if config.tma and (config.swap_ab or config.split_k != 1):
+        raise ValueError("the TMA kernel takes neither swap_ab nor split_k (small M uses the swapped kernel)")
 
 
-def default_config(p: GemmProblem) -> TileConfig:
-    """Decode (M <= 16): thin row tiles and split-K, since the weight read dominates and few output tiles
-    exist. Mid M: 64-row tiles (one warpgroup's wgmma M). Large: 128 x 128 over two warpgroups, 4 stages
-    of 32 KiB fp8 tiles in shared memory."""
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """Heuristic tiles for shapes the per-device tables (configs.py) do not hold.
+
+    Hopper (measured on an H200, benchmarks/tune.py): decode-sized M (<= 64 rows) swaps the operands so
+    the weight fills wgmma's 64-row M side and splits K until about two programs per SM exist, as the
+    weight read dominates; 65-256 rows take the TMA kernel with 64 x 128 tiles (one warpgroup); larger M
+    the pointer kernel with 128 x 128 tiles over two warpgroups, which measured faster than the TMA kernel
+    there (797 vs 709 TFLOP/s at 8192^3). 128 x 256 tiles would need 256 accumulator registers per thread
+    with the promotion's partial product, and spill. Elsewhere: 128 x 128 (or 16/64-row tiles with split-K
+    for small M) on the pointer kernel."""
     rows = p.m if p.b_batched else p.batch * p.m
     batches = p.batch if p.b_batched else 1
     k_tiles = p.k // SCALE_GROUP
+    if target == "sm_90" and rows <= 64 and not p.b_batched:
+        base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
+                          num_warps=4, num_stages=4, swap_ab=True)
+        tiles = triton.cdiv(p.n, base.block_m) * triton.cdiv(rows, base.block_n)
+        return base.replace(split_k=split_k_for(tiles, k_tiles))
+    if target == "sm_90" and 64 < rows <= 256:
+        return TileConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4, tma=True)
     if rows <= 16:
         base = TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
     elif rows <= 64:
@@ -239,5 +299,19 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"block_fp8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
     check_config(p, config)
+    if config.tma:
+        from . import hopper_tma
+
+        check_operands(p, a_values, a_scales, b_values, b_scales)
+        return hopper_tma.launch_gemm(p, a_values, a_scales, b_values, b_scales, alpha, config=config,
+                                      compute_capability=compute_capability, scaled=True,
+                                      name="block_fp8_tma_gemm")
     return run_gemm(block_fp8_kernel, p, a_values, a_scales, b_values, b_scales, alpha, config=config,
-                    compute_capability=compute_capability, name="block_fp8_gemm")
+                    compute_capability=compute_capability,
+                    name="block_fp8_gemm_swapped" if config.swap_ab else "block_fp8_gemm",
+                    **kernel_constexprs(config.swap_ab))
+
+
+def kernel_constexprs(swapped: bool) -> dict:
+    """Rows per scale of the kernel's a and b: activations 1 (1 x 128 groups), weights 128 (tiles)."""
+    return dict(A_SCALE_ROWS=SCALE_GROUP, B_SCALE_ROWS=1) if swapped else dict(A_SCALE_ROWS=1, B_SCALE_ROWS=SCALE_GROUP)

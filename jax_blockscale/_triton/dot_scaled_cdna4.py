@@ -186,7 +186,7 @@ def grid(p: GemmProblem, config: TileConfig) -> tuple[int, int, int]:
     return (tiles, p.batch if p.b_batched else 1, config.split_k)
 
 
-def default_config(p: GemmProblem) -> TileConfig:
+def default_config(p: GemmProblem, target: str = "") -> TileConfig:
     """128 x 128 x 256 tiles with 8 warps (the tutorial's MI355 setting); 32-row tiles for decode-sized M,
     and split-K while the grid covers under half the CUs and each split keeps >= 4 K-steps."""
     rows = p.m if p.b_batched else p.batch * p.m

@@ -226,7 +226,7 @@ def _split_k_for(p: GemmProblem, block_m: int, block_n: int, block_k: int) -> in
     return split
 
 
-def default_config(p: GemmProblem) -> TileConfig:
+def default_config(p: GemmProblem, target: str = "") -> TileConfig:
     """128 x 128 tiles (the tcgen05 M and one scale unit); BLOCK_K = 128 bytes of the narrower operand
     for fp4 (256 elements), 128 elements otherwise; split-K for grids too small to fill the GPU."""
     fp4_both = ELEMENTS_PER_BYTE.get(p.a_kind, 1) == 2 and ELEMENTS_PER_BYTE.get(p.b_kind, 1) == 2

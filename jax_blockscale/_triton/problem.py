@@ -77,6 +77,10 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    # Hopper variants (ignored elsewhere): TMA loads (hopper_tma.py) and swapped operands for decode (the
+    # weight as the MMA's M side, block_fp8.run_gemm).
+    tma: bool = False
+    swap_ab: bool = False
 
     def replace(self, **changes) -> "TileConfig":
         return dataclasses.replace(self, **changes)

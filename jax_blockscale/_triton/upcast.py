@@ -166,7 +166,7 @@ def upcast_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, WIDE: tl.constexpr,
     A_KIND: tl.constexpr, B_KIND: tl.constexpr, A_EPB: tl.constexpr, B_EPB: tl.constexpr,
-    A_SCALE_COLS: tl.constexpr, B_SCALE_COLS: tl.constexpr, DOT_FP16: tl.constexpr,
+    A_SCALE_COLS: tl.constexpr, B_SCALE_COLS: tl.constexpr, DOT_FP16: tl.constexpr, OUT_T: tl.constexpr,
 ):
     """out[batch] = alpha * decode(a) @ decode(b).T; a (BATCHES, M, K/A_EPB) with scales (.., M, A_SCALE_COLS),
     b ([BATCHES,] N, K/B_EPB) likewise; dense kinds have (.., rows, 1) dummy scales."""
@@ -201,7 +201,7 @@ def upcast_kernel(
         b = load_operand(b_values, b_s, rows_b, k0, K, B_KIND, BLOCK_K, EVEN_K, DOT_FP16)
         acc = tl.dot(a, tl.trans(b), acc)
 
-    store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, tl.program_id(1), M, N, BATCHES, SPLIT_K, WIDE)
+    store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, tl.program_id(1), M, N, BATCHES, SPLIT_K, WIDE, OUT_T)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -234,12 +234,21 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
 
 
-def default_config(p: GemmProblem) -> TileConfig:
-    """Decode (M <= 16): thin tiles and split-K (the weight read dominates, few output tiles exist).
-    Otherwise wgmma-sized tiles; BLOCK_K 64 keeps the decoded fp32 tiles within the register budget, and
-    two warpgroups share a 128-row tile."""
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """Heuristic tiles for shapes the per-device tables (configs.py) do not hold.
+
+    Hopper decode (<= 64 activation rows, unbatched weight): operands swapped so the decoded weight fills
+    wgmma's 64-row M side (see block_fp8.run_gemm), split-K to about two programs per SM. Large problems
+    whose operands are both predecoded run the TMA bf16 kernel with 128 x 256 tiles. Otherwise
+    wgmma-sized tiles; BLOCK_K 64 keeps the decoded fp32 tiles within the register budget, and two
+    warpgroups share a 128-row tile."""
     rows = p.m if p.b_batched else p.batch * p.m
     batches = p.batch if p.b_batched else 1
+    if target == "sm_90" and rows <= 64 and not p.b_batched:
+        base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
+                          num_warps=4, num_stages=4, swap_ab=True)
+        tiles = triton.cdiv(p.n, base.block_m) * triton.cdiv(rows, base.block_n)
+        return base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
     if rows <= 16:
         base = TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
     elif rows <= 64:
@@ -247,7 +256,17 @@ def default_config(p: GemmProblem) -> TileConfig:
     else:
         base = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
     tiles = batches * triton.cdiv(rows, base.block_m) * triton.cdiv(p.n, base.block_n)
-    return base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+    config = base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+    tma = TileConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, tma=True)
+    if target == "sm_90" and tma_ready(p, tma):
+        return tma
+    return config
+
+
+def tma_ready(p: GemmProblem, config: TileConfig) -> bool:
+    """Whether both kernel operands are bf16 under `config` (dense, or predecoded): the TMA kernel's input."""
+    predecode_a, predecode_b = predecoded_sides(p, config)
+    return (p.a_kind == "bf16" or predecode_a) and (p.b_kind == "bf16" or predecode_b)
 
 
 def predecoded_sides(p: GemmProblem, config: TileConfig) -> tuple[bool, bool]:
@@ -259,8 +278,9 @@ def predecoded_sides(p: GemmProblem, config: TileConfig) -> tuple[bool, bool]:
     fewer than _PREDECODE_MIN_ROWS rows (decode activations) stay fused, as the extra launch would dominate.
     """
     rows = p.m if p.b_batched else p.batch * p.m
-    a_reuse = triton.cdiv(p.n, config.block_n)
-    b_reuse = triton.cdiv(rows, config.block_m)
+    a_block, b_block = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
+    a_reuse = triton.cdiv(p.n, b_block)
+    b_reuse = triton.cdiv(rows, a_block)
     predecode_a = p.a_kind not in DENSE_KINDS and a_reuse >= _PREDECODE_REUSE and rows >= _PREDECODE_MIN_ROWS
     predecode_b = p.b_kind not in DENSE_KINDS and b_reuse >= _PREDECODE_REUSE and p.n >= _PREDECODE_MIN_ROWS
     return predecode_a, predecode_b
@@ -289,7 +309,19 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         b_values, b_scales = _dequantize_bf16(p.b_kind, b_values, b_scales, p.k)
     kernel_problem = dataclasses.replace(p, a_kind="bf16" if predecode_a else p.a_kind,
                                          b_kind="bf16" if predecode_b else p.b_kind)
+    name = f"upcast_gemm_{kernel_problem.a_kind}_{kernel_problem.b_kind}"
+    if config.tma:
+        if {kernel_problem.a_kind, kernel_problem.b_kind} != {"bf16"}:
+            raise ValueError("the TMA kernel multiplies bf16 operands: both sides must be predecoded "
+                             f"(got {kernel_problem.a_kind} x {kernel_problem.b_kind} for this config)")
+        from . import hopper_tma
+
+        return hopper_tma.launch_gemm(kernel_problem, a_values, a_scales, b_values, b_scales, alpha,
+                                      config=config, compute_capability=compute_capability, scaled=False,
+                                      name=name + "_tma")
+    # Swapped launches (decode) pass the weight as the kernel's `a`: its constexprs describe that order.
+    roles = dataclasses.replace(kernel_problem, a_kind=kernel_problem.b_kind, b_kind=kernel_problem.a_kind) \
+        if config.swap_ab else kernel_problem
     return run_gemm(upcast_kernel, kernel_problem, a_values, a_scales, b_values, b_scales, alpha, config=config,
-                    compute_capability=compute_capability,
-                    name=f"upcast_gemm_{kernel_problem.a_kind}_{kernel_problem.b_kind}",
-                    **kernel_constexprs(kernel_problem))
+                    compute_capability=compute_capability, name=name + ("_swapped" if config.swap_ab else ""),
+                    **kernel_constexprs(roles))
