@@ -264,9 +264,11 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
 
 
 def tma_ready(p: GemmProblem, config: TileConfig) -> bool:
-    """Whether both kernel operands are bf16 under `config` (dense, or predecoded): the TMA kernel's input."""
+    """Whether `config` can run the TMA kernel: both kernel operands bf16 (dense, or predecoded) and K in
+    whole tiles (the primitive pads K to 256; a direct launch may not)."""
     predecode_a, predecode_b = predecoded_sides(p, config)
-    return (p.a_kind == "bf16" or predecode_a) and (p.b_kind == "bf16" or predecode_b)
+    return ((p.a_kind == "bf16" or predecode_a) and (p.b_kind == "bf16" or predecode_b)
+            and p.k % config.block_k == 0)
 
 
 def predecoded_sides(p: GemmProblem, config: TileConfig) -> tuple[bool, bool]:
