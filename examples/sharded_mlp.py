@@ -8,7 +8,9 @@ Parameters carry logical axis names (`nn.with_logical_partitioning`): the first 
 first layer is then column parallel (its weight split on N), the second row parallel (its weight split on
 K, partial products all-reduced): Megatron's MLP, with block-scaled GEMMs that XLA partitions through
 `jax_blockscale.partitioning` instead of gathering the weights. The script prints the parameter shardings,
-the collectives in the compiled forward and training step, and the difference from an unsharded run.
+the collectives in the compiled forward and training step, and the difference from an unsharded run; then
+it quantizes the kernels for serving (`quantize_params`, stored (N, K): each quantized leaf is named after
+its own layout, so the same rules keep the first layer column parallel) and runs the served forward.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jax_blockscale.nn.linen import Dense  # noqa: E402
+from jax_blockscale.nn.linen import Dense, quantize_params  # noqa: E402
 
 RULES = (("batch", "data"), ("mlp", "model"), ("embed", None))
 
@@ -129,9 +131,23 @@ def main(argv=None) -> dict:
     print(f"train-step collectives: {step_colls or 'none'}")
     print(f"sharded vs one device: forward rel diff {rel:.1e}, loss {float(loss):.6f} vs {float(loss_ref):.6f}, "
           f"max parameter-update diff {upd:.1e}")
-    if any("all-gather" in op for op in fwd_colls):
+
+    # Serving: quantize once, place with the shardings the same logical rules give the quantized tree.
+    served = quantize_params(model, variables, x)
+    served_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(served), mesh, RULES)
+    served = jax.device_put(served, served_shardings)
+    with nn.logical_axis_rules(RULES):
+        serve = jax.jit(model.apply, in_shardings=(served_shardings, data), out_shardings=data)
+        serve_colls = collectives(serve.lower(served, xs).compile())
+        y_served = np.asarray(serve(served, xs))
+    kernel = nn.unbox(served)["params"]["Dense_0"]["kernel"]
+    print(f"served first-layer kernel {kernel.values.shape} (N, K): values {kernel.values.sharding.spec}, "
+          f"scales {kernel.scales.sharding.spec}")
+    print(f"served forward collectives: {serve_colls or 'none'}, rel diff from the training forward "
+          f"{float(np.linalg.norm(y_served - y) / np.linalg.norm(y)):.1e}")
+    if any("all-gather" in op for op in (*fwd_colls, *serve_colls)):
         print("WARNING: the forward gathers an operand")
-    return {"forward": fwd_colls, "step": step_colls, "rel": rel}
+    return {"forward": fwd_colls, "step": step_colls, "serve": serve_colls, "rel": rel}
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import backends, partitioning, primitive
+from . import _explicit, backends, partitioning, primitive
 from ._triton.problem import DTYPE_NAMES, TileConfig
 from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_family, format_for_side
-from .quantize import BlockScaledArray, dequantize, quantize
+from .quantize import BlockScaledArray, quantize
 from .reference import check_operands
 
 __all__ = ["matmul", "explain", "explain_all", "operand_kind", "quantize_operand"]
@@ -95,7 +95,8 @@ def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str, roun
     if isinstance(fmt, str) and fmt.lower() in _DENSE_NAMES:
         return jnp.asarray(x).astype(_DENSE_NAMES[fmt.lower()])
     spec = format_for_side(fmt, side)
-    return quantize(x, spec, axis=-1, rounding=rounding if isinstance(spec, MXFormat) else "floor")
+    rounding = rounding if isinstance(spec, MXFormat) else "floor"
+    return _explicit.quantize(lambda t: quantize(t, spec, axis=-1, rounding=rounding), x, spec)
 
 
 def _maybe_quantize(x: Operand, fmt, rounding: str, name: str) -> Operand:
@@ -128,7 +129,7 @@ def _forward(a: Operand, b: Operand, s: _Static) -> jax.Array:
 
 
 def _as_f32(x: Operand) -> jax.Array:
-    return dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
+    return _explicit.dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
 
 
 def _sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -160,13 +161,19 @@ def _matmul_bwd(s, residuals, g):
     g = g.astype(jnp.float32)
     hp = dict(precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
+    # On a mesh with Explicit axes the contraction (over N for da, M for db) may be sharded on both sides,
+    # so each product names its sharding, and a cotangent must have its primal's exactly.
     def grad_a():
-        da = jnp.einsum("...mn,...nk->...mk", g, _as_f32(qb), **hp)
-        return _sum_to_shape(da, a.shape).astype(a.dtype)
+        shape = jnp.broadcast_shapes(g.shape[:-2], qb.shape[:-2]) + a.shape[-2:]
+        out = _explicit.grad_sharding(a, g, shape)
+        da = jnp.einsum("...mn,...nk->...mk", g, _as_f32(qb), out_sharding=out, **hp)
+        return _explicit.like(_sum_to_shape(da, a.shape).astype(a.dtype), _explicit.explicit_sharding(a))
 
     def grad_b():
-        db = jnp.einsum("...mn,...mk->...nk", g, _as_f32(qa), **hp)
-        return _sum_to_shape(db, b.shape).astype(b.dtype)
+        shape = jnp.broadcast_shapes(g.shape[:-2], qa.shape[:-2]) + b.shape[-2:]
+        out = _explicit.grad_sharding(b, g, shape)
+        db = jnp.einsum("...mn,...mk->...nk", g, _as_f32(qa), out_sharding=out, **hp)
+        return _explicit.like(_sum_to_shape(db, b.shape).astype(b.dtype), _explicit.explicit_sharding(b))
 
     da = jax.tree_util.tree_map(jnp.zeros_like, a) if isinstance(a, BlockScaledArray) else grad_a()
     db = jax.tree_util.tree_map(jnp.zeros_like, b) if isinstance(b, BlockScaledArray) else grad_b()

@@ -23,8 +23,9 @@ Structure, outside in:
   along the tokens, which data parallelism splits), so they are not an error.
 
 Under `jax.grad`, `api.matmul`'s custom_vjp owns differentiation: the forward runs through here, the
-backward's einsums are partitioned by XLA itself. Inside `shard_map` (all axes manual) custom_partitioning
-lowers the plain primitive on the local blocks. With a single device it lowers the primitive directly.
+backward's einsums are partitioned by XLA itself (on meshes with Explicit axes they state their output
+shardings: `_explicit`). Inside `shard_map` (all axes manual) custom_partitioning lowers the plain
+primitive on the local blocks. With a single device it lowers the primitive directly.
 """
 
 from __future__ import annotations

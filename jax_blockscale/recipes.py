@@ -49,9 +49,10 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
+from . import _explicit
 from .api import matmul, quantize_operand
 from .formats import DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, format_family, format_for_side
-from .quantize import ROUNDING_MODES, BlockScaledArray, dequantize
+from .quantize import ROUNDING_MODES, BlockScaledArray
 
 __all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
            "quantized_dense", "quantize_weight"]
@@ -172,17 +173,21 @@ def _t(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2)
 
 
-def _gemm(a, b, out_dtype) -> jax.Array:
-    """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled."""
+def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
+    """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled.
+
+    `out_sharding`: the result's sharding on a mesh with Explicit axes (a gradient's must be its primal's);
+    None leaves it to the matmul (`jax_blockscale._explicit`).
+    """
     if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
-        return matmul(a, b, out_dtype=out_dtype)
+        return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
     # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
     # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
-    return jnp.einsum("...mk,...nk->...mn", a, b, preferred_element_type=out_dtype)
+    return _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
 
 
 def _dense(w, dtype=jnp.float32) -> jax.Array:
-    return dequantize(w, dtype) if isinstance(w, BlockScaledArray) else w
+    return _explicit.dequantize(w, dtype) if isinstance(w, BlockScaledArray) else w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +196,9 @@ class _Static:
     out_dtype: jnp.dtype
     x_dtype: jnp.dtype
     w_dtype: Optional[jnp.dtype]  # None: W is a pre-quantized BlockScaledArray (a constant)
+    # On a mesh with Explicit axes, x's and W's shardings: their gradients must have them exactly.
+    x_sharding: Optional[jax.sharding.NamedSharding] = None
+    w_sharding: Optional[jax.sharding.NamedSharding] = None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -217,12 +225,12 @@ def _core_bwd(s: _Static, res, g):
     x_res, w_res = res
     # dgrad: dx (M, K) = dy (M, N) . W^T (K, N)
     wt = w_res if r.dgrad[1] else _t(_dense(w_res, s.x_dtype))
-    dx = _gemm(_quantize(g, r.dgrad[0], r.rounding), wt, s.x_dtype)
+    dx = _gemm(_quantize(g, r.dgrad[0], r.rounding), wt, s.x_dtype, s.x_sharding)
     if s.w_dtype is None:
         return dx, None
     # wgrad: dW (N, K) = dy^T (N, M) . x^T (K, M)
     xt = x_res if r.wgrad[1] else _t(x_res)
-    dw = _gemm(_quantize(_t(g), r.wgrad[0], r.rounding), xt, s.w_dtype)
+    dw = _gemm(_quantize(_t(g), r.wgrad[0], r.rounding), xt, s.w_dtype, s.w_sharding)
     return dx, dw
 
 
@@ -297,16 +305,21 @@ def recipe_matmul(x: jax.Array, w, recipe: RecipeLike, *, out_dtype=None) -> jax
         out = _gemm(x if x.ndim > 1 else x[None], w, out_dtype)
         return out if x.ndim > 1 else out[0]
     frozen = isinstance(w, BlockScaledArray)
-    s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype))
+
+    def core(x, w):
+        s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype),
+                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w))
+        return _core(x, w, s)
+
     if w.ndim == 2:
         lead, k = x.shape[:-1], x.shape[-1]
-        return _core(x.reshape(-1, k), w, s).reshape(*lead, w.shape[0])
+        return core(x.reshape(-1, k), w).reshape(*lead, w.shape[0])
     batch = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
     # Broadcasting outside the custom_vjp lets autodiff sum dW over broadcast batch dims.
     x = jnp.broadcast_to(x, batch + x.shape[-2:])
     if not frozen:
         w = jnp.broadcast_to(w, batch + w.shape[-2:])
-    return _core(x, w, s)
+    return core(x, w)
 
 
 def quantized_dense(x: jax.Array, w_t, recipe: RecipeLike, *, out_dtype=None) -> jax.Array:

@@ -1,5 +1,6 @@
 """Flax integration: dot_general in linen/nnx layers and at lax.dot_general sites, the block-scaled layers,
-scan/remat stacks, quantize-once serving and its orbax checkpoint round trip.
+scan/remat stacks, quantize-once serving, its orbax checkpoint round trip and the partitioning of a
+served kernel on a mesh.
 
 Tolerance: as in test_recipes.py, a GEMM of two e4m3 operands (mxfp8, fp8_deepseek) has a relative
 Frobenius error of at most about sqrt(2) * 2**-4 = 0.088 against float32, used here for outputs and
@@ -16,8 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from _sharding_helpers import GATHERS, opaque_cpu_gemm, run
 from flax import nnx
 from jax import lax
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 import jax_blockscale as jb
 from jax_blockscale.dot_general import dot_general
@@ -226,6 +230,33 @@ def test_nnx_linear_train_scan_quantize_and_checkpoint(tmp_path):
     graphdef, abstract = nnx.split(fresh)
     restored = nnx.merge(graphdef, ckpt.restore(tmp_path / "nnx", abstract))
     np.testing.assert_array_equal(fwd(restored, x), y_served)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "fp8_deepseek"])
+def test_quantize_params_keeps_a_column_parallel_kernel_column_parallel(recipe):
+    """A kernel (K, N) named ("embed", "mlp") with "mlp" on the "model" axis is split on N. Its quantized
+    form is stored (N, K): values and scales must be named ("mlp", "embed") to stay split on N, and nvfp4's
+    scalar tensor scale unnamed (replicated). Applying the served layer then gathers no weight."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py)")
+    rules = (("embed", None), ("mlp", "model"))
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    layer = jbl.Dense(512, recipe=recipe, use_bias=False,
+                      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")))
+    x = _x(64, 256)
+    served = jbl.quantize_params(layer, jax.jit(layer.init)(jax.random.key(0), x), x)
+    specs = nn.get_partition_spec(served)["params"]["kernel"]
+    assert (specs.values, specs.scales) == (P("mlp", "embed"),) * 2
+    assert specs.tensor_scale == (P() if recipe == "nvfp4" else None)
+
+    placed = jax.device_put(served, nn.logical_to_mesh_sharding(nn.get_partition_spec(served), mesh, rules))
+    kernel = nn.unbox(placed)["params"]["kernel"]
+    assert kernel.values.sharding.spec == kernel.scales.sharding.spec == P("model", None)
+    with opaque_cpu_gemm(), jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        y, found = run(layer.apply, (placed, x))
+    assert not found & set(GATHERS), found
+    assert y.sharding.spec == P(None, "model")
+    np.testing.assert_allclose(y, jax.jit(layer.apply)(served, x), rtol=1e-6)
 
 
 def test_layer_shape_errors_at_trace_time():

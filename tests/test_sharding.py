@@ -14,20 +14,21 @@ scales), so every product and partial sum is an exact float32 integer and any su
 dot blocking or cross-device psum included, gives the same bits: those cases must be equal. nvfp4 and
 fp8_block scales are not powers of two, so their float32 sums round, and the order (which depends on the
 local shapes and on the K split) may move the last bits: rtol 1e-5 there.
-"""
 
-import re
+Meshes with Explicit axes (sharding in types), gradients and recipes there: tests/test_sharding_explicit.py.
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.interpreters import mlir
+from _sharding_helpers import GATHERS, opaque_cpu_gemm
+from _sharding_helpers import put as _put
+from _sharding_helpers import run as _run
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_blockscale as jb
-from jax_blockscale import primitive
 from jax_blockscale.partitioning import BlockSplitWarning
 
 if jax.device_count() < 8:
@@ -36,12 +37,11 @@ if jax.device_count() < 8:
 M, N, K = 32, 512, 512  # N/4 and K/4 are whole 128-row / 128-column fp8_block tiles
 FORMATS = [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("fp8_block", "fp8_block"),
            ("bf16", "mxfp4")]
-GATHERS = ("all-gather", "all-to-all", "collective-permute")
 RNG = np.random.default_rng(0)
 
 
-def _mesh(axis_type=AxisType.Auto):
-    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+def _mesh():
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
 
 
 def _x(*shape):
@@ -67,50 +67,10 @@ def _q(x, fmt, side):
     return jb.quantize_operand(x, fmt, side=side)
 
 
-def _put(mesh, x, spec, scale_spec=None):
-    """Places values and scales with the same spec (scales shard with their values); scalars replicate."""
-    def leaf(t, s):
-        return jax.device_put(t, NamedSharding(mesh, s if t.ndim else P()))
-    if isinstance(x, jb.BlockScaledArray):
-        ts = None if x.tensor_scale is None else leaf(x.tensor_scale, P())
-        scale_spec = spec if scale_spec is None else scale_spec
-        return jb.BlockScaledArray(leaf(x.values, spec), leaf(x.scales, scale_spec), x.fmt, x.axis,
-                                   x.length, ts)
-    return leaf(x, spec)
-
-
-def _collectives(compiled_text):
-    return set(re.findall(r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)\b",
-                          compiled_text))
-
-
-def _run(fn, args, out_sharding=None):
-    jitted = jax.jit(fn, out_shardings=out_sharding)
-    return jitted(*args), _collectives(jitted.lower(*args).compile().as_text())
-
-
-def _opaque(x):
-    """x, through a LAPACK custom call that XLA cannot partition: one tridiagonal system over every element
-    (identity matrix, so the solve is exact). Any sharding of x is gathered in front of it."""
-    flat = x.reshape(-1)
-    one, zero = jnp.ones_like(flat), jnp.zeros_like(flat)
-    return jax.lax.linalg.tridiagonal_solve(zero, one, zero, flat[:, None]).reshape(x.shape)
-
-
-def _opaque_lowering(ctx, *args, a, b, out_dtype, **_):
-    def gemm(a_values, a_scales, a_ts, b_values, b_scales, b_ts):
-        af = _opaque(primitive._dequantized(a_values, a_scales, a_ts, a))
-        bf = _opaque(primitive._dequantized(b_values, b_scales, b_ts, b))
-        out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=jax.lax.Precision.HIGHEST)
-        return out.astype(out_dtype)
-    return mlir.lower_fun(gemm, multiple_results=False)(ctx, *args)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def opaque_gemm():
-    mlir.register_lowering(primitive.blockscaled_matmul_p, _opaque_lowering, platform="cpu")
-    yield
-    mlir.register_lowering(primitive.blockscaled_matmul_p, primitive._cpu_lowering, platform="cpu")
+    with opaque_cpu_gemm():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -233,17 +193,6 @@ def test_gspmd_partitioner_agrees():
             np.testing.assert_array_equal(out, ref)
     finally:
         jax.config.update("jax_use_shardy_partitioner", previous)
-
-
-def test_explicit_axes_mesh_types_the_output():
-    """On a mesh with Explicit axes (jax.make_mesh's default) the result's type carries its sharding."""
-    mesh = _mesh(AxisType.Explicit)
-    a, b = _q(_x(M, K), "mxfp8", "a"), _q(_x(N, K), "mxfp8", "b")
-    args = (_put(mesh, a, P("data", None)), _put(mesh, b, P("model", None)))
-    assert jax.eval_shape(_mm(jnp.float32), *args).sharding.spec == P("data", "model")
-    out, found = _run(_mm(jnp.float32), args)
-    assert not found and out.sharding.spec == P("data", "model")
-    np.testing.assert_array_equal(out, jax.jit(_mm(jnp.float32))(a, b))
 
 
 def test_shard_map_runs_the_local_matmul():

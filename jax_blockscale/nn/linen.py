@@ -46,7 +46,8 @@ class Dense(nn.Module):
 
     Param tree: `kernel` (K, N) in `param_dtype` while training, or, after `quantize_params`, a
     `BlockScaledArray` (N, K) quantized along K in the recipe's weight format (the layout the matmul reads,
-    so serving does no transpose). Input (..., K) -> output (..., N).
+    so serving does no transpose; a partitioned kernel's leaves are each boxed, see `quantize_params`).
+    Input (..., K) -> output (..., N).
     """
 
     features: int
@@ -99,12 +100,32 @@ def _set(tree: dict, path: tuple[str, ...], value) -> dict:
     return out
 
 
+def _boxed_like(box: meta.Partitioned, q: BlockScaledArray) -> BlockScaledArray:
+    """`q` with each leaf boxed like the float kernel's `box`, under names of the leaf's own layout.
+
+    The kernel (..., K, N) is named (*lead, k, n); values (..., N, K) and scales (..., N / tile rows,
+    K / block) are stored transposed, so they are named (*lead, n, k) and a mesh axis on the kernel's N
+    splits their N (column parallel stays column parallel). nvfp4's tensor scale, one per matrix, gets the
+    lead names only: replicated for a single layer.
+    """
+    if len(box.names) != q.ndim:
+        raise ValueError(f"the kernel's partition names {box.names} do not name its {q.ndim} dims")
+    *lead, k_name, n_name = box.names
+    names = (*lead, n_name, k_name)
+    ts = None if q.tensor_scale is None else box.replace(value=q.tensor_scale, names=tuple(lead))
+    return BlockScaledArray(box.replace(value=q.values, names=names), box.replace(value=q.scales, names=names),
+                            q.fmt, q.axis, q.length, ts)
+
+
 def quantize_params(module: nn.Module, variables: dict, *args, method=None, **kwargs) -> dict:
     """A copy of `variables` whose block-scaled `Dense` kernels are `BlockScaledArray`s, each in its own
     layer's recipe weight format (mixed recipes work; bf16 layers and other modules are untouched).
 
     `args`/`kwargs` are sample inputs for `module.apply` (only their shapes matter: the layers are found by
     tracing one call abstractly). Kernels of scanned stacks (leading layer dims) are quantized per layer.
+    A kernel with partitioning metadata (`nn.with_logical_partitioning`, `nn.with_partitioning`) gives
+    each leaf of its quantized form a box whose names follow that leaf's (N, K) storage, so
+    `nn.get_partition_spec` shards the served weight as it sharded the float kernel.
     """
     recipes: dict[tuple[str, ...], Any] = {}
 
@@ -124,8 +145,12 @@ def quantize_params(module: nn.Module, variables: dict, *args, method=None, **kw
         kernel = _get(params, path + ("kernel",))
         if isinstance(kernel, BlockScaledArray):
             continue
-        boxed = isinstance(kernel, meta.AxisMetadata)
-        raw = kernel.unbox() if boxed else kernel
-        q = quantize_weight(raw, recipe)
-        params = _set(params, path + ("kernel",), kernel.replace_boxed(q) if boxed else q)
+        if isinstance(kernel, meta.Partitioned):
+            q = _boxed_like(kernel, quantize_weight(kernel.value, recipe))
+        elif isinstance(kernel, meta.AxisMetadata):
+            # Metadata of an unknown kind cannot be mapped onto the transposed storage: kept whole.
+            q = kernel.replace_boxed(quantize_weight(kernel.unbox(), recipe))
+        else:
+            q = quantize_weight(kernel, recipe)
+        params = _set(params, path + ("kernel",), q)
     return {**variables, "params": params}

@@ -1,0 +1,66 @@
+"""Helpers shared by the sharding tests: placing operands on a mesh, the collectives in compiled HLO, and
+the opaque CPU GEMM (see tests/test_sharding.py's docstring for why the GEMM must be opaque on CPU)."""
+
+import contextlib
+import re
+
+import jax
+import jax.numpy as jnp
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_blockscale as jb
+from jax_blockscale import primitive
+
+GATHERS = ("all-gather", "all-to-all", "collective-permute")
+
+
+def put(mesh, x, spec, scale_spec=None):
+    """Places values and scales with the same spec (scales shard with their values); scalars replicate."""
+    def leaf(t, s):
+        return jax.device_put(t, NamedSharding(mesh, s if t.ndim else P()))
+    if isinstance(x, jb.BlockScaledArray):
+        ts = None if x.tensor_scale is None else leaf(x.tensor_scale, P())
+        scale_spec = spec if scale_spec is None else scale_spec
+        return jb.BlockScaledArray(leaf(x.values, spec), leaf(x.scales, scale_spec), x.fmt, x.axis,
+                                   x.length, ts)
+    return leaf(x, spec)
+
+
+def collectives(compiled_text: str) -> set:
+    return set(re.findall(r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)\b",
+                          compiled_text))
+
+
+def run(fn, args, out_sharding=None):
+    """`jax.jit(fn)(*args)` and the collectives its compiled HLO contains."""
+    jitted = jax.jit(fn, out_shardings=out_sharding)
+    return jitted(*args), collectives(jitted.lower(*args).compile().as_text())
+
+
+def _opaque(x):
+    """x, through a LAPACK custom call that XLA cannot partition: one tridiagonal system over every element
+    (identity matrix, so the solve is exact). Any sharding of x is gathered in front of it."""
+    flat = x.reshape(-1)
+    one, zero = jnp.ones_like(flat), jnp.zeros_like(flat)
+    return jax.lax.linalg.tridiagonal_solve(zero, one, zero, flat[:, None]).reshape(x.shape)
+
+
+def _opaque_lowering(ctx, *args, a, b, out_dtype, **_):
+    def gemm(a_values, a_scales, a_ts, b_values, b_scales, b_ts):
+        af = _opaque(primitive._dequantized(a_values, a_scales, a_ts, a))
+        bf = _opaque(primitive._dequantized(b_values, b_scales, b_ts, b))
+        out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=jax.lax.Precision.HIGHEST)
+        return out.astype(out_dtype)
+    return mlir.lower_fun(gemm, multiple_results=False)(ctx, *args)
+
+
+@contextlib.contextmanager
+def opaque_cpu_gemm():
+    """The primitive's CPU lowering as an unpartitionable GEMM, as the Triton kernel is on a GPU."""
+    mlir.register_lowering(primitive.blockscaled_matmul_p, _opaque_lowering, platform="cpu")
+    try:
+        yield
+    finally:
+        mlir.register_lowering(primitive.blockscaled_matmul_p, primitive._cpu_lowering, platform="cpu")
