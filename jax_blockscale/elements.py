@@ -60,25 +60,47 @@ def scale_by_exp2(x: jax.Array, e: jax.Array) -> jax.Array:
     return x * _exp2(half) * _exp2(e - half)
 
 
+def exp2_normal(e: jax.Array) -> jax.Array:
+    """2**e as float32 for integer e in [-126, 127] (a normal float32), built from the exponent bits."""
+    return _exp2(e)
+
+
 def encode(x: jax.Array, elem: ElementType) -> jax.Array:
     """Rounds float32 `x` to `elem` (RNE, saturating) and returns the codes as uint8.
 
     Codes hold sign in bit (bits-1) and magnitude below it. NaN inputs encode as the largest code,
     which callers override through the NaN scale.
+
+    Integer arithmetic on the float32 bit pattern, no float->int conversion (those are slow on GPUs, and
+    this runs once per element). With m = |x|'s bits (sign cleared):
+    - Saturation and NaN: for non-negative floats the bit patterns order like the values, and NaN
+      patterns lie above +Inf, so min(m, bits(max_normal)) clips and sends NaN to max_normal in one step.
+    - Element normals (|x| >= 2**min_normal_exp): the code is m's exponent and top `mbits` mantissa
+      bits, rebiased, after rounding the dropped 23 - mbits bits to nearest even by an integer add
+      (half - 1, plus the lowest kept bit); a carry runs into the exponent field, which is the next
+      binade. Since |x| <= max_normal, a grid value, rounding never passes max_normal's code.
+    - Element subnormals (and zero): |x| + 2**(min_normal_exp - mbits + 23) has its last place at the
+      element quantum 2**(min_normal_exp - mbits), so the float add rounds |x| to a multiple of it (RNE);
+      the added constant's bits subtracted leave the multiple n in [0, 2**mbits] (2**mbits is the code
+      of the smallest normal). A float32 subnormal |x| gives n = 0 whether or not the backend flushes it,
+      and since the add's operand is a bit pattern, not a product, no FMA contraction can change it.
+    Bit-identical to ml_dtypes' RNE cast of the clipped value (tests/test_elements.py).
     """
-    x = x.astype(jnp.float32)
-    sign = (_f32_bits(x) >> 31).astype(jnp.uint8)
-    a = jnp.minimum(jnp.abs(x), elem.max_normal)
-    a = jnp.where(jnp.isnan(a), elem.max_normal, a)
-    # The quantum (distance between neighbours) is 2**(e - mbits) with e the element exponent, clamped
-    # below to the subnormal exponent. Scaling by it is exact, so rounding happens once, in lax.round.
-    e = jnp.maximum(floor_log2(a), elem.min_normal_exp)
-    n = lax.round(scale_by_exp2(a, elem.mbits - e), lax.RoundingMethod.TO_NEAREST_EVEN)
-    # n lies in [2**mbits, 2**(mbits+1)] for normals (the top value is a carry into the next binade)
-    # and in [0, 2**mbits] for subnormals; both map to codes by the same affine formula.
-    magnitude = ((e - elem.min_normal_exp) << elem.mbits) + n.astype(jnp.int32)
-    magnitude = jnp.minimum(magnitude, elem.max_code).astype(jnp.uint8)
+    bits = _f32_bits(x)
+    sign = (bits >> 31).astype(jnp.uint8)
+    m = jnp.minimum(bits & jnp.uint32(0x7FFFFFFF), jnp.uint32(_bits_of(elem.max_normal)))
+    drop = 23 - elem.mbits
+    rounded = (m + jnp.uint32((1 << (drop - 1)) - 1) + ((m >> drop) & jnp.uint32(1))) >> drop
+    normal = rounded - jnp.uint32((127 + elem.min_normal_exp - 1) << elem.mbits)
+    magic = 2.0 ** (elem.min_normal_exp - elem.mbits + 23)
+    sub = lax.bitcast_convert_type(lax.bitcast_convert_type(m, jnp.float32) + jnp.float32(magic), jnp.uint32)
+    sub = sub - jnp.uint32(_bits_of(magic))
+    magnitude = jnp.where(m < jnp.uint32(_bits_of(2.0**elem.min_normal_exp)), sub, normal).astype(jnp.uint8)
     return magnitude | (sign << (elem.bits - 1))
+
+
+def _bits_of(v: float) -> int:
+    return int(np.array(v, np.float32).view(np.uint32))
 
 
 def _code_table(elem: ElementType) -> np.ndarray:

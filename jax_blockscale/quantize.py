@@ -17,6 +17,17 @@ nearest, ties to even, saturated to ±max_normal of the element type.
 
 float32 subnormal inputs (|x| < 2**-126) are computed on as the backend does: XLA's CPU backend flushes
 them to zero.
+
+How the float32 divisions of the spec are computed (nvfp4, fp8_block, and nvfp4's tensor scale): not as
+float32 divisions. XLA rewrites those (a division by a constant, or on CPU by any broadcast, becomes a
+multiplication by the rounded reciprocal, and (a / b) / c becomes a / (b * c)), and XLA:GPU emits float32
+division as `div.full.f32`, which is up to 2 ulp off (openxla/xla#37181). Instead the quotient is formed
+in float64 and rounded once to float32, which is exact whatever XLA does to the float64 expression; see
+`_div_rn`. MX formats divide by powers of two, which is an exact multiplication.
+
+Bandwidth: the big tensor is read once by one reduction (per-block amax, which also flags NaN/Inf blocks
+and, for nvfp4, gives the tensor amax) and once by one elementwise pass that writes the codes; everything
+else is per block.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import elements
@@ -122,23 +134,104 @@ def _split_blocks(x: jax.Array, block: int) -> jax.Array:
     return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
-def _div_rn(x: jax.Array, d) -> jax.Array:
-    """x / d in float32, correctly rounded.
+# ---------------------------------------------------------------------------------------------------------
+# Correctly rounded float32 division without a float32 division
+# ---------------------------------------------------------------------------------------------------------
+#
+# Lemma. Let x, d be float32 (normal or subnormal, x, d != 0), t = x / d, and p any float64 value with
+# |p - t| <= 2**-50 |t|: e.g. RN64(x / d) (error <= 2**-53) or RN64(x * RN64(1 / d)) (< 2**-52), however
+# XLA orders those roundings. Then RN32(p) == RN32(t) whenever |RN32(t)| >= 2**-126 (normal or overflow).
+#
+# Proof. RN32 changes value only at the midpoints between adjacent float32s (and at the overflow threshold
+# 2**128 (1 - 2**-25)). In the normal range each is m = M 2**c with M odd, 2**24 < M < 2**25. Write
+# x = X 2**a, d = D 2**b with integers 0 < X, D < 2**24. Then t - m = (X 2**a - M D 2**(b+c)) / d.
+# (i) t != m: otherwise X 2**(a-b-c) = M D, whose odd part is at least M > 2**24, while X's is below.
+# (ii) The numerator is a nonzero multiple of 2**min(a, b+c), so |t - m| >= min(2**a / d, 2**c / D), where
+# 2**c / D > 2**(c-24) > 2**-49 |m|, and 2**a / d = |t| / X > 2**-24 |t| >= 2**-25 |m| if |t| >= |m| / 2
+# (if not, |t - m| > |m| / 2). So |t - m| > 2**-49 |m|, and
+# |p - t| <= 2**-50 (|m| + |t - m|) < |t - m| / 2 + 2**-50 |t - m| < |t - m|: p lies strictly on the same
+# side of every midpoint as t, and the two round alike (ties-to-even never decides). QED.
+#
+# In the float32 subnormal range midpoints have fewer bits and exact ties exist; there the result is
+# below 2**-126, which every element type encodes as a signed zero, and XLA:CPU flushes it anyway.
+#
+# Because only the error bound matters, XLA may rewrite the float64 expression (division by a constant or
+# by a broadcast into a multiplication by the reciprocal, reassociation of divisions) without changing the
+# float32 result: no optimization barrier is needed for correctness. Two details keep it that way:
+# - Values that are rounded to float32 and then used again in float64 go through `_rn32`
+#   (reduce_precision to float32's 8 exponent / 23 mantissa bits, in float64) instead of a
+#   float64 -> float32 -> float64 convert pair, which XLA:GPU's SimplifyFPConversions removes under its
+#   default xla_allow_excess_precision. reduce_precision flushes float32 subnormals to zero, as XLA:CPU
+#   does; only per-block scales are affected, and only when they are below 2**-126.
+# - float64 is enabled locally (`jax.enable_x64`), so this works with the default jax_enable_x64=False.
+#   Only per-block values and one multiply per element (plus two conversions) are float64.
 
-    XLA's algebraic simplifier rewrites a division by a broadcast (a scalar divisor included) into a
-    multiplication by the reciprocal, which is an ulp off often enough to flip rounding decisions. The
-    divisor is therefore broadcast to the full shape and hidden behind an optimization barrier (it still
-    fuses). It is also tied to `x` by a no-op bitwise OR, so that under vmap it is batched like `x`: an
-    unbatched divisor would be broadcast again after the barrier, where XLA sees it.
+
+def _rn32(v64: jax.Array) -> jax.Array:
+    """Rounds float64 `v64` to the nearest float32 value (RNE), staying float64."""
+    return lax.reduce_precision(v64, exponent_bits=8, mantissa_bits=23)
+
+
+def _widen(v) -> jax.Array:
+    """float32 (or narrower) -> float64 (float32 subnormals flush to zero); under `jax.enable_x64(True)`.
+
+    The `_rn32` makes the result a float32 value even where XLA fused away a float64 -> float32 convert
+    that produced `v` (see above).
     """
-    x = jnp.asarray(x, jnp.float32)
-    d = jnp.asarray(d, jnp.float32)
-    shape = jnp.broadcast_shapes(x.shape, d.shape)
-    x = jnp.broadcast_to(x, shape)
-    tie = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0)
-    d = lax.bitcast_convert_type(jnp.broadcast_to(d, shape), jnp.uint32) | tie
-    d = lax.bitcast_convert_type(d, jnp.float32)
-    return x / lax.optimization_barrier(d)
+    return _rn32(lax.convert_element_type(jnp.asarray(v), jnp.float64))
+
+
+def _div_rn(x, d) -> jax.Array:
+    """float32 x / d, correctly rounded (see the lemma above), as float32; for per-block and scalar values.
+
+    float32-subnormal x or d count as zero (as on XLA:CPU); a subnormal quotient is the backend's.
+    """
+    with jax.enable_x64(True):
+        return (_widen(x) / _widen(d)).astype(jnp.float32)
+
+
+# The per-block values that the elementwise pass reads (MX: 2**-E; nvfp4, fp8_block: the float64
+# reciprocal of the divisor) go through an optimization barrier. XLA:GPU keeps barriers until after fusion,
+# so each is computed once per block (at best in the reduction's epilogue) and read by the elementwise
+# pass, instead of being recomputed there for every element (for nvfp4 that would repeat the block-scale
+# encoding and a float64 division per element). The arrays are small (one value per block); XLA:CPU drops
+# barriers before fusion. Not needed for correctness; `_PIN_PER_BLOCK = False` (read at trace time) lets
+# a benchmark compare.
+_PIN_PER_BLOCK = True
+
+
+def _per_block(v: jax.Array) -> jax.Array:
+    return lax.optimization_barrier(v) if _PIN_PER_BLOCK else v
+
+
+def _block_amax(blocks: jax.Array, axis) -> jax.Array:
+    """max |x| over `axis` as float32; NaN if the block holds a NaN, else +Inf if it holds an Inf.
+
+    The one reduction over the big tensor. It is an integer max over the bit patterns with the sign bit
+    cleared: for non-negative IEEE floats the patterns order like the values, with +Inf above every
+    finite value and NaNs above +Inf. (A float max would do for the value, but XLA:CPU's reduce-max drops
+    NaNs, so the NaN/Inf block test would need a second reduction.) It runs in the input's own width
+    (bf16 input is not widened for it); the result is converted to float32 exactly.
+    """
+    blocks = jnp.asarray(blocks)
+    # Reduced dimensions longer than 32 are split into (n/32, 32), a free reshape: XLA:CPU rewrites a
+    # longer reduction into a reduce-window whose input it materializes (an extra full-size pass); XLA:GPU
+    # regroups adjacent reduced dimensions, so it sees the same reduction. (Split before the masking, so
+    # that XLA cannot fold the split back into the reduction.)
+    axes = sorted(a % blocks.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+    shape, red = [], []
+    for i, n in enumerate(blocks.shape):
+        if i in axes and n > 32 and n % 32 == 0:
+            red += [len(shape), len(shape) + 1]
+            shape += [n // 32, 32]
+        else:
+            red += [len(shape)] if i in axes else []
+            shape.append(n)
+    utype = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[blocks.dtype.itemsize]
+    mask = (1 << (8 * blocks.dtype.itemsize - 1)) - 1
+    bits = lax.bitcast_convert_type(blocks.reshape(shape), utype) & utype(mask)
+    m = jnp.max(bits, axis=tuple(red))
+    return lax.bitcast_convert_type(m, blocks.dtype).astype(jnp.float32)
 
 
 def _mx_shared_exponent(amax: jax.Array, fmt: MXFormat, rounding: str) -> jax.Array:
@@ -153,47 +246,79 @@ def _mx_shared_exponent(amax: jax.Array, fmt: MXFormat, rounding: str) -> jax.Ar
         carried = lax.round(q, lax.RoundingMethod.TO_NEAREST_EVEN) >= 2 ** (elem.mbits + 1)
         return e + carried.astype(jnp.int32) - elem.emax
     if rounding == "rceil":
-        # For tiny amax the quotient is a float32 subnormal, which flushing backends (XLA CPU) turn into
-        # zero, giving E = -127 and saturated elements. Scaling amax by 2**64 first keeps the quotient
-        # normal; a power-of-two prescale does not change the RNE quotient's mantissa.
-        k = jnp.where(amax < jnp.float32(2.0**-64), 64, 0)
-        q = _div_rn(elements.scale_by_exp2(amax, k), elem.max_normal)
-        return elements.ceil_log2(q) - k
+        return _rceil_exponent(amax, elem)
     raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
+
+
+def _rceil_exponent(amax: jax.Array, elem) -> jax.Array:
+    """ceil(log2(RN32(amax / max_normal))) for amax > 0, from the bits, without dividing.
+
+    With amax = a 2**A and max_normal = c 2**emax (a, c in [1, 2); c is 1.5, 1.75 or 1.875 for every
+    element type, so 1 < c < 2), t = amax / max_normal = (a / c) 2**(A - emax):
+    - a > c: a / c is in (1, 2/c) and at least 1 + 2**-23 / c > 1 + 2**-24, so RN32(t) stays above
+      2**(A - emax) (and below the next power of two): the exponent is A - emax + 1.
+    - a == c: t is the power of two 2**(A - emax).
+    - a < c: a / c is in [1/c, 1 - 2**-23 / c], which RN32 maps into (1/2, 1) (never onto 1: the midpoint
+      below 1 is 1 - 2**-25; never onto 1/2: 1/c > 0.53): the exponent is A - emax.
+    So E = A - emax + (mantissa(a) > mantissa(c)). One exception, where t is a float32 subnormal: for
+    A - emax == -127 the spacing there is 2**-149, and t rounds down onto 2**-127 unless a exceeds c by at
+    least two float32 ulps (a - c = 1 ulp gives t - 2**-127 = 2**-150 / c, under half the spacing). Checked
+    against float32 division (with subnormals) for every positive finite float32 amax and every element
+    type; E is clamped to [-127, 127] by the caller.
+    """
+    fa = elements.floor_log2(amax) - elem.emax
+    mant = lax.bitcast_convert_type(amax.astype(jnp.float32), jnp.uint32) & 0x7FFFFF
+    c_mant = int(np.array(elem.max_normal, np.float32).view(np.uint32)) & 0x7FFFFF
+    threshold = jnp.where(fa == -127, jnp.uint32(c_mant + 1), jnp.uint32(c_mant))
+    return fa + (mant > threshold).astype(jnp.int32)
 
 
 def _quantize_mx(x: jax.Array, fmt: MXFormat, rounding: str):
     blocks = _split_blocks(x, fmt.block)
-    amax = jnp.max(jnp.abs(blocks), axis=-1)
-    bad = ~jnp.all(jnp.isfinite(blocks), axis=-1)
+    amax = _block_amax(blocks, -1)
+    bad = ~jnp.isfinite(amax)
     e = jnp.where(amax == 0, -elements.E8M0_BIAS, _mx_shared_exponent(amax, fmt, rounding))
     e = jnp.clip(e, -elements.E8M0_BIAS, elements.E8M0_BIAS)
-    scaled = elements.scale_by_exp2(blocks, -e[..., None])
+    # x / 2**E as one exact multiplication by the normal float32 2**-E: E <= 126 for every finite amax
+    # (floor_log2(amax) <= 127 and emax >= 2, ceil/even/rceil add at most one), and E >= -127, so -E is in
+    # [-126, 127]. Only NaN/Inf blocks (whose elements are unspecified) reach E = 127; they use 2**-126.
+    factor = _per_block(elements.exp2_normal(-jnp.minimum(e, elements.E8M0_BIAS - 1)))
+    scaled = blocks.astype(jnp.float32) * factor[..., None]
     codes = elements.encode(scaled, fmt.element).reshape(x.shape)
     return codes, elements.encode_e8m0(e, bad)
 
 
 def nvfp4_tensor_scale(x: jax.Array) -> jax.Array:
     """nvfp4's per-tensor scale: amax(x) / (448 * 6), so that block scales use e4m3's full range."""
-    return _div_rn(jnp.max(jnp.abs(x.astype(jnp.float32))), 448.0 * 6.0)
+    x = jnp.asarray(x)
+    return _div_rn(_block_amax(x, tuple(range(x.ndim))), 448.0 * 6.0)
 
 
 def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
+    blocks = _split_blocks(x, fmt.block)
+    amax = _block_amax(blocks, -1)
+    bad = ~jnp.isfinite(amax)
     if tensor_scale is None:
-        tensor_scale = nvfp4_tensor_scale(x)
+        # nvfp4_tensor_scale(x), from the block maxima instead of another pass over x (the same value).
+        tensor_scale = _div_rn(_block_amax(amax, tuple(range(amax.ndim))), 448.0 * 6.0)
     tensor_scale = jnp.asarray(tensor_scale, jnp.float32)
     if tensor_scale.shape != ():
         raise ValueError(f"nvfp4 tensor_scale must be a scalar, got shape {tensor_scale.shape}")
-    # A zero tensor scale (all-zero input) would divide by zero; 1.0 keeps every block scale zero.
-    ts = jnp.where(tensor_scale == 0, jnp.float32(1.0), tensor_scale)
-    blocks = _split_blocks(x, fmt.block)
-    amax = jnp.max(jnp.abs(blocks), axis=-1)
-    block_scale = elements.encode_e4m3_scale(_div_rn(_div_rn(amax, 6.0), ts))
-    bad = ~jnp.all(jnp.isfinite(blocks), axis=-1)
-    block_scale = jnp.where(bad, jnp.float8_e4m3fn(jnp.nan), block_scale)
-    denom = block_scale.astype(jnp.float32) * ts
-    safe = jnp.where(denom == 0, 1.0, denom)
-    scaled = jnp.where(denom[..., None] == 0, 0.0, _div_rn(blocks, safe[..., None]))
+    with jax.enable_x64(True):
+        ts = _widen(tensor_scale)
+        # A zero tensor scale (all-zero input) would divide by zero; 1.0 keeps every block scale zero.
+        ts = jnp.where(ts == 0, 1.0, ts)
+        # RN32(RN32(amax / 6) / ts): each quotient rounded to float32 as the spec does (see the lemma).
+        block_in = _rn32(_rn32(_widen(amax) / 6.0) / ts)
+        block_scale = elements.encode_e4m3_scale(block_in.astype(jnp.float32))
+        block_scale = jnp.where(bad, jnp.float8_e4m3fn(jnp.nan), block_scale)
+        # denom = RN32(block_scale * ts): the float64 product of a 4-bit and a 24-bit significand is exact.
+        denom = _rn32(block_scale.astype(jnp.float64) * ts)
+        # One float64 reciprocal per block, the only per-block input of the elementwise pass.
+        recip = _per_block(1.0 / denom)
+        scaled = (blocks.astype(jnp.float64) * recip[..., None]).astype(jnp.float32)
+        # A zero denominator (1 / denom = +-Inf) gives +0 elements, as the spec's "x / denom if denom != 0".
+        scaled = jnp.where(jnp.isinf(recip)[..., None], jnp.float32(0), scaled)
     codes = elements.encode(scaled, fmt.element).reshape(x.shape)
     return codes, block_scale, tensor_scale
 
@@ -214,16 +339,21 @@ def _quantize_block_fp8(x: jax.Array, fmt: BlockFP8Format, axis: int):
     r = xt.shape[-2] // rows if rows > 1 else None
     if rows > 1:
         tiles = xt.reshape(*xt.shape[:-2], r, rows, xt.shape[-1] // cols, cols)
-        amax = jnp.max(jnp.abs(tiles), axis=(-3, -1))
-        bad = ~jnp.all(jnp.isfinite(tiles), axis=(-3, -1))
+        amax = _block_amax(tiles, (-3, -1))
     else:
         tiles = _split_blocks(xt, cols)
-        amax = jnp.max(jnp.abs(tiles), axis=-1)
-        bad = ~jnp.all(jnp.isfinite(tiles), axis=-1)
-    scale = jnp.where(amax == 0, jnp.float32(1.0), _div_rn(amax, 448.0))
-    scale = jnp.where(bad, jnp.nan, scale)
-    s = scale[..., :, None, :, None] if rows > 1 else scale[..., None]
-    codes = elements.encode(_div_rn(tiles, s), fmt.element)
+        amax = _block_amax(tiles, -1)
+    bad = ~jnp.isfinite(amax)
+    with jax.enable_x64(True):
+        # scale = RN32(amax / 448) (see the lemma); a float32-subnormal scale flushes to zero.
+        scale64 = jnp.where(amax == 0, 1.0, _rn32(_widen(amax) / 448.0))
+        scale64 = jnp.where(bad, jnp.nan, scale64)
+        scale = scale64.astype(jnp.float32)
+        # One float64 reciprocal per tile; elements RN32(x * (1 / scale)) (see the lemma).
+        recip = _per_block(1.0 / scale64)
+        r = recip[..., :, None, :, None] if rows > 1 else recip[..., None]
+        scaled = (tiles.astype(jnp.float64) * r).astype(jnp.float32)
+    codes = elements.encode(scaled, fmt.element)
     codes = codes.reshape(xt.shape)
     if rows > 1:
         codes = codes[..., :n_rows, :]
@@ -268,12 +398,12 @@ def quantize(
     if tensor_scale is not None and not isinstance(spec, NVFP4Format):
         raise ValueError(f"tensor_scale applies to nvfp4 only, not {spec.name}")
     length = x.shape[axis]
-    xf = x.astype(jnp.float32)
+    # The input stays in its dtype: the amax reduction reads it as is, the elementwise pass widens it.
     if isinstance(spec, BlockFP8Format):
-        xf = _pad_to_blocks(xf, axis, spec.block)
-        values, scales = _quantize_block_fp8(xf, spec, axis)
+        xp = _pad_to_blocks(x, axis, spec.block)
+        values, scales = _quantize_block_fp8(xp, spec, axis)
         return BlockScaledArray(values, scales, spec, axis, length)
-    xf = jnp.moveaxis(_pad_to_blocks(xf, axis, spec.block), axis, -1)
+    xf = jnp.moveaxis(_pad_to_blocks(x, axis, spec.block), axis, -1)
     ts = None
     if isinstance(spec, MXFormat):
         codes, scales = _quantize_mx(xf, spec, rounding)
