@@ -263,6 +263,15 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("the TMA kernel takes neither swap_ab nor split_k (small M uses the swapped kernel)")
 
 
+def swapped_decode_config(n: int, rows: int, k: int) -> TileConfig:
+    """Hopper decode: the weight's n rows as 64-row MMA tiles, the activation rows (>= 16, wgmma's useful
+    minimum here) as the N side, split-K to about two programs per SM."""
+    base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
+                      num_warps=4, num_stages=4, swap_ab=True)
+    tiles = triton.cdiv(n, base.block_m) * triton.cdiv(rows, base.block_n)
+    return base.replace(split_k=split_k_for(tiles, triton.cdiv(k, base.block_k)))
+
+
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     """Heuristic tiles for shapes the per-device tables (configs.py) do not hold.
 
@@ -277,10 +286,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     batches = p.batch if p.b_batched else 1
     k_tiles = p.k // SCALE_GROUP
     if target == "sm_90" and rows <= 64 and not p.b_batched:
-        base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
-                          num_warps=4, num_stages=4, swap_ab=True)
-        tiles = triton.cdiv(p.n, base.block_m) * triton.cdiv(rows, base.block_n)
-        return base.replace(split_k=split_k_for(tiles, k_tiles))
+        return swapped_decode_config(p.n, rows, p.k)
     if target == "sm_90" and 64 < rows <= 256:
         return TileConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4, tma=True)
     if rows <= 16:

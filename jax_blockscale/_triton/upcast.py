@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..formats import get_format
 from ..quantize import BlockScaledArray, dequantize
-from .block_fp8 import check_operands, run_gemm, split_k_for, store_tile
+from .block_fp8 import check_operands, run_gemm, split_k_for, store_tile, swapped_decode_config
 from .tiling import grouped_tile, k_tile_range
 from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
 
@@ -245,10 +245,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     rows = p.m if p.b_batched else p.batch * p.m
     batches = p.batch if p.b_batched else 1
     if target == "sm_90" and rows <= 64 and not p.b_batched:
-        base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
-                          num_warps=4, num_stages=4, swap_ab=True)
-        tiles = triton.cdiv(p.n, base.block_m) * triton.cdiv(rows, base.block_n)
-        return base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+        return swapped_decode_config(p.n, rows, p.k)
     if rows <= 16:
         base = TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
     elif rows <= 64:
