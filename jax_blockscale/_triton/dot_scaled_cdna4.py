@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-from .tiling import grouped_tile, k_tile_range
+from .tiling import grouped_tile, k_tile_range, store_alpha_tile
 
 from .. import layouts
 from . import dot_scaled_nvidia as _nv
@@ -119,13 +119,8 @@ def scaled_gemm_kernel_cdna4(
                                    BLOCK_N, BLOCK_K, MFMA, MASK_K)
         acc = tl.dot_scaled(a, a_scale, A_FORMAT, b.T, b_scale, B_FORMAT, acc)
 
-    acc = acc * tl.load(alpha_ptr)  # 1.0 for MX kinds (contract); kept so the contract holds for any alpha
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     out_base = out_ptr + batch * OUT_BATCH_STRIDE + split.to(tl.int64) * OUT_SPLIT_STRIDE
-    out_ptrs = out_base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 def check_config(config: TileConfig) -> None:

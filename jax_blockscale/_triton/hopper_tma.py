@@ -23,11 +23,10 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .block_fp8 import OUT_DTYPES, fold_batch
+from .block_fp8 import OUT_DTYPES, SCALE_GROUP, fold_batch
 from .problem import GemmProblem, TileConfig
-from .tiling import grouped_tile
+from .tiling import grouped_tile, store_alpha_tile
 
-SCALE_GROUP = 128
 
 
 @triton.jit
@@ -120,9 +119,7 @@ def tma_gemm_kernel(
             b = _load(b_desc, b_batch, row_n, kt * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
             acc = tl.dot(a, tl.trans(b), acc)
 
-    acc = acc * tl.load(alpha_ptr)
-    out_ptrs = out_ptr + batch.to(tl.int64) * (M * N) + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    store_alpha_tile(acc, alpha_ptr, out_ptr + batch.to(tl.int64) * (M * N), pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 def check_config(p: GemmProblem, config: TileConfig, scaled: bool) -> None:

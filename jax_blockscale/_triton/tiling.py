@@ -1,4 +1,4 @@
-"""Triton helpers every GEMM kernel here shares: launch order and split-K ranges."""
+"""Triton helpers every GEMM kernel here shares: launch order, split-K ranges and the plain epilogue."""
 
 import triton
 import triton.language as tl
@@ -31,3 +31,16 @@ def k_tile_range(K_TILES: tl.constexpr, SPLIT_K: tl.constexpr):
         begin = tl.program_id(2) * per_split
         end = tl.minimum(begin + per_split, K_TILES)
     return begin, end
+
+
+@triton.jit
+def store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M: tl.constexpr, N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc * alpha (nvfp4's product of tensor scales, 1.0 otherwise; linear, so per split-K slice is fine),
+    cast to the output type and stored to the row-major (M, N) slab at `out_base` where in bounds."""
+    acc = acc * tl.load(alpha_ptr)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=mask)
