@@ -124,7 +124,6 @@ def tune_class(cls: ShapeClass, timing: TimingConfig, log) -> dict:
     for m, n, k in cls.shapes:
         p = _problem(cls, m, n, k)
         candidates = list(dict.fromkeys((module.default_config(p, "sm_90"),) + cls.candidates))
-        bytes_per_set = 0
         probe = _operand_sets(m, n, k, cls.formats, 1)
         bytes_per_set = tree_nbytes(probe)
         sets = _operand_sets(m, n, k, cls.formats, choose_repeats(bytes_per_set, bytes_per_set, timing))

@@ -136,8 +136,8 @@ def test_decode_swaps_operands_so_wgmma_n_is_the_activation_rows(m, fmt_a, fmt_b
     assert widths and max(widths) <= max(16, m)  # the activation rows (at least 16), not a 64-row tile
 
 
-def test_swapped_decode_matches_the_unswapped_config_on_cpu_reference_shapes():
-    # The swapped launch is a config choice, so explain/configs must not offer it where it cannot run.
+def test_swap_is_never_chosen_or_accepted_with_a_batched_weight():
+    # The swapped launch needs one shared weight: the heuristic must not offer it, check_config must refuse it.
     p = GemmProblem(2, True, 8, 256, 512, "block_fp8", "block_fp8", "bf16")
     assert not block_fp8.default_config(p, "sm_90").swap_ab  # batched weight: no swap
     with pytest.raises(ValueError, match="swap_ab"):

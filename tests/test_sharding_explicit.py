@@ -106,24 +106,6 @@ def _vjp(fn):
     return both
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_matmul_straight_through_grad(data, case):
-    """Quantize inside (a_format/b_format) and differentiate: the float32 backward einsums contract over a
-    sharded N (column parallel) or M (data parallel) on both sides; each gradient lands on its operand's
-    sharding, summed by an all-reduce, and the weight is never gathered."""
-    x_spec, w_spec, out_spec, _ = CASES[case]
-    x, w, ct, _ = data
-    fn = _vjp(lambda x, w: jb.matmul(x, w, a_format="mxfp8", b_format="mxfp8", out_dtype=jnp.float32))
-    ref = jax.jit(fn)(x, w, ct)
-    mesh = _mesh()
-    with jax.set_mesh(mesh):
-        (y, dx, dw), found = run(fn, (put(mesh, x, x_spec), put(mesh, w, w_spec), put(mesh, ct, out_spec)))
-    assert not found & set(GATHERS), found
-    assert (y.sharding.spec, dx.sharding.spec, dw.sharding.spec) == (out_spec, x_spec, w_spec)
-    for got, want in zip((y, dx, dw), ref):
-        _check(got, want, exact=True)
-
-
 def test_grad_against_a_prequantized_column_parallel_weight(data):
     """A frozen (pre-quantized) weight: dx only, sharded like x; the weight's cotangent is zero."""
     x, w, ct, _ = data
@@ -137,20 +119,31 @@ def test_grad_against_a_prequantized_column_parallel_weight(data):
     _check(dx, jax.jit(fn)(x, qw), exact=True)
 
 
+# jb.matmul quantizing inside (straight-through float32 backward) and every recipe's custom_vjp.
+GRAD_FNS = {"matmul_mxfp8": lambda x, w: jb.matmul(x, w, a_format="mxfp8", b_format="mxfp8", out_dtype=jnp.float32),
+            **{f"recipe_{r}": (lambda r: lambda x, w: jb.recipe_matmul(x, w, r, out_dtype=jnp.float32))(r)
+               for r in RECIPES}}
+# Outputs and gradients that are exact (small integers, power-of-two scales); the rest round in float32.
+INEXACT_OUT = {"recipe_nvfp4", "recipe_fp8_deepseek"}
+INEXACT_GRAD = {"recipe_fp8_deepseek"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_grads(data, recipe, case):
-    """The recipes' custom_vjp: dgrad and wgrad quantize the gradient and the transposed operands along N
-    and M, sharded as they lie, and return gradients with x's and W's shardings."""
+@pytest.mark.parametrize("name", list(GRAD_FNS))
+def test_grads(data, name, case):
+    """Forward and both gradients on an Explicit mesh. The straight-through backward's float32 einsums
+    contract over a sharded N (column parallel) or M (data parallel) on both sides; the recipes' dgrad and
+    wgrad quantize the gradient and the transposed operands along N and M, sharded as they lie. Each
+    gradient lands on its operand's sharding and the weight is never gathered."""
     x_spec, w_spec, out_spec, _ = CASES[case]
     x, w, ct, _ = data
-    fn = _vjp(lambda x, w: jb.recipe_matmul(x, w, recipe, out_dtype=jnp.float32))
+    fn = _vjp(GRAD_FNS[name])
     ref = jax.jit(fn)(x, w, ct)
     mesh = _mesh()
     with jax.set_mesh(mesh):
         (y, dx, dw), found = run(fn, (put(mesh, x, x_spec), put(mesh, w, w_spec), put(mesh, ct, out_spec)))
     assert not found & set(GATHERS), found
     assert (y.sharding.spec, dx.sharding.spec, dw.sharding.spec) == (out_spec, x_spec, w_spec)
-    _check(y, ref[0], exact=recipe not in ("nvfp4", "fp8_deepseek"))
+    _check(y, ref[0], exact=name not in INEXACT_OUT)
     for got, want in zip((dx, dw), ref[1:]):
-        _check(got, want, exact=recipe != "fp8_deepseek")
+        _check(got, want, exact=name not in INEXACT_GRAD)

@@ -263,6 +263,14 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("the TMA kernel takes neither swap_ab nor split_k (small M uses the swapped kernel)")
 
 
+def with_split_k(p: GemmProblem, base: TileConfig) -> TileConfig:
+    """`base` (normal operand order) with split-K from `split_k_for` for the tiles it gives `p`."""
+    rows = p.m if p.b_batched else p.batch * p.m
+    batches = p.batch if p.b_batched else 1
+    tiles = batches * triton.cdiv(rows, base.block_m) * triton.cdiv(p.n, base.block_n)
+    return base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+
+
 def swapped_decode_config(n: int, rows: int, k: int) -> TileConfig:
     """Hopper decode: the weight's n rows as 64-row MMA tiles, the activation rows (>= 16, wgmma's useful
     minimum here) as the N side, split-K to about two programs per SM."""
@@ -283,8 +291,6 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     with the promotion's partial product, and spill. Elsewhere: 128 x 128 (or 16/64-row tiles with split-K
     for small M) on the pointer kernel."""
     rows = p.m if p.b_batched else p.batch * p.m
-    batches = p.batch if p.b_batched else 1
-    k_tiles = p.k // SCALE_GROUP
     if target == "sm_90" and rows <= 64 and not p.b_batched:
         return swapped_decode_config(p.n, rows, p.k)
     if target == "sm_90" and 64 < rows <= 256:
@@ -295,8 +301,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
         base = TileConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4)
     else:
         base = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4)
-    tiles = batches * triton.cdiv(rows, base.block_m) * triton.cdiv(p.n, base.block_n)
-    return base.replace(split_k=split_k_for(tiles, k_tiles))
+    return with_split_k(p, base)
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..formats import get_format
 from ..quantize import BlockScaledArray, dequantize
-from .block_fp8 import check_operands, run_gemm, split_k_for, store_tile, swapped_decode_config
+from .block_fp8 import check_operands, run_gemm, store_tile, swapped_decode_config, with_split_k
 from .tiling import grouped_tile, k_tile_range
 from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
 
@@ -243,7 +243,6 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     wgmma-sized tiles; BLOCK_K 64 keeps the decoded fp32 tiles within the register budget, and two
     warpgroups share a 128-row tile."""
     rows = p.m if p.b_batched else p.batch * p.m
-    batches = p.batch if p.b_batched else 1
     if target == "sm_90" and rows <= 64 and not p.b_batched:
         return swapped_decode_config(p.n, rows, p.k)
     if rows <= 16:
@@ -252,8 +251,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
         base = TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
     else:
         base = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
-    tiles = batches * triton.cdiv(rows, base.block_m) * triton.cdiv(p.n, base.block_n)
-    config = base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+    config = with_split_k(p, base)
     tma = TileConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, tma=True)
     if target == "sm_90" and tma_ready(p, tma):
         return tma
