@@ -100,7 +100,11 @@ class BlockScaledArray:
         return dequantize(self, dtype)
 
     def __repr__(self) -> str:
-        return f"BlockScaledArray({self.fmt.name}, shape={self.shape}, axis={self.axis})"
+        if all(hasattr(leaf, "shape") for leaf in (self.values, self.scales)):
+            return f"BlockScaledArray({self.fmt.name}, shape={self.shape}, axis={self.axis})"
+        # Trees of other leaves (PartitionSpecs from get_partition_spec, Flax boxes, nnx Params): show them.
+        return (f"BlockScaledArray({self.fmt.name}, axis={self.axis}, length={self.length}, "
+                f"values={self.values!r}, scales={self.scales!r}, tensor_scale={self.tensor_scale!r})")
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:

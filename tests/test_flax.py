@@ -7,6 +7,7 @@ Frobenius error of at most about sqrt(2) * 2**-4 = 0.088 against float32, used h
 gradients alike.
 """
 
+import contextlib
 import functools
 import subprocess
 import sys
@@ -219,7 +220,7 @@ def test_nnx_linear_train_scan_quantize_and_checkpoint(tmp_path):
 
     jbx.quantize_model(model)
     assert model.inp.quantized and model.blocks.lin.quantized
-    assert model.blocks.lin.kernel.get_value().shape == (2, 64, 64)
+    assert model.blocks.lin.kernel.shape == (2, 64, 64)
     y_served = fwd(model, x)
     np.testing.assert_allclose(y_served, y_train, rtol=1e-5, atol=1e-5)  # fprop quantized weights already
 
@@ -275,3 +276,44 @@ def test_flax_is_optional():
             "jax_blockscale.nn; "
             "assert 'flax' not in sys.modules, 'flax was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "fp8_deepseek"])
+@pytest.mark.parametrize("in_mesh_context", [True, False])
+def test_nnx_quantize_weights_keeps_a_column_parallel_kernel_column_parallel(recipe, in_mesh_context):
+    """nnx twin of the linen test above: the kernel (K, N) annotated ("embed", "mlp") and placed with "mlp"
+    on "model". After `quantize_model` its values and scales, stored (N, K), carry ("mlp", "embed") and lie
+    split on N; nvfp4's tensor scale is replicated. Quantizing outside the mesh context uses the kernel's
+    own mesh. The served layer gathers no weight and equals the unsharded one."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py)")
+    rules = (("embed", None), ("mlp", "model"))
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+        layer = jbx.Linear(256, 512, recipe=recipe, use_bias=False, kernel_init=init, rngs=nnx.Rngs(0))
+    plain = jbx.Linear(256, 512, recipe=recipe, use_bias=False, rngs=nnx.Rngs(0))
+    with contextlib.ExitStack() as stack:
+        if in_mesh_context:
+            stack.enter_context(jax.set_mesh(mesh))
+            stack.enter_context(nnx.logical_axis_rules(rules))
+        jbx.quantize_model(layer)
+    jbx.quantize_model(plain)
+
+    kernel = layer.kernel
+    assert kernel.values.get_metadata()["out_sharding"] == kernel.scales.get_metadata()["out_sharding"] \
+        == ("mlp", "embed")
+    assert kernel.values.get_value().sharding.spec == kernel.scales.get_value().sharding.spec == P("model", None)
+    if recipe == "nvfp4":
+        assert kernel.tensor_scale.get_value().sharding.spec == P()
+    specs = nnx.get_partition_spec(nnx.state(layer))
+    assert [s.get_value() for s in jax.tree.leaves(specs, is_leaf=lambda v: isinstance(v, nnx.Variable))][:2] \
+        == [P("mlp", "embed")] * 2
+
+    x = _x(64, 256)
+    with opaque_cpu_gemm(), jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+        graphdef, state = nnx.split(layer)
+        y, found = run(lambda s, x: nnx.merge(graphdef, s)(x), (state, x))
+    assert not found & set(GATHERS), found
+    assert y.sharding.spec == P(None, "model")
+    np.testing.assert_array_equal(y, nnx.jit(lambda m, x: m(x))(plain, x))

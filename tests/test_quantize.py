@@ -974,6 +974,10 @@ def test_format_names_and_aliases():
     c = jb.quantize(x, jb.get_format("mxfp4_e2m1"))
     assert c.fmt.name == "mxfp4"
     assert repr(c) == "BlockScaledArray(mxfp4, shape=(64, 64), axis=-1)"
+    spec = jax.sharding.PartitionSpec("model", None)
+    specs = jax.tree.map(lambda leaf: spec, c)  # a tree of specs, as Flax's get_partition_spec makes
+    assert repr(specs) == (f"BlockScaledArray(mxfp4, axis=-1, length=64, values={spec!r}, scales={spec!r}, "
+                           "tensor_scale=None)")
     assert jax.eval_shape(lambda v: jb.quantize(v, "fp8_block"), x).fmt.tile == (256, 256)  # no compile
 
 

@@ -5,8 +5,10 @@
     quantize_model(model)                    # every Linear's kernel -> BlockScaledArray, per its recipe
     y = nnx.jit(lambda m, x: m(x))(model, x)
 
-The quantized state (`nnx.state(model)`) saves and restores with orbax like any nnx state. For Flax's own
-layer, `flax.nnx.Linear(..., dot_general=jax_blockscale.dot_general(recipe))` works as well.
+The quantized state (`nnx.state(model)`) saves and restores with orbax like any nnx state. A kernel with
+sharding metadata (`nnx.with_partitioning(init, ("embed", "mlp"))`) stays sharded the same way once
+quantized: see `Linear.quantize_weights`. For Flax's own layer,
+`flax.nnx.Linear(..., dot_general=jax_blockscale.dot_general(recipe))` works as well.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from .._explicit import quantized_spec
 from ..quantize import BlockScaledArray
 from ..recipes import Recipe, RecipeLike, get_recipe, quantize_weight, quantized_dense
 
@@ -30,7 +34,8 @@ class Linear(nnx.Module):
 
     `kernel` is an `nnx.Param` holding the (in_features, out_features) master weight in `param_dtype`, or,
     after `quantize_weights()`, a `BlockScaledArray` (out_features, in_features) quantized along
-    in_features in the recipe's weight format. `recipe` is a static attribute (a frozen `Recipe`).
+    in_features in the recipe's weight format, each of its leaves an `nnx.Param`. `recipe` is a static
+    attribute (a frozen `Recipe`).
     Input (..., in_features) -> output (..., out_features).
     """
 
@@ -48,10 +53,10 @@ class Linear(nnx.Module):
     @property
     def quantized(self) -> bool:
         """Whether the kernel is a pre-quantized `BlockScaledArray` (serving)."""
-        return isinstance(self.kernel.get_value(), BlockScaledArray)
+        return isinstance(self.kernel, BlockScaledArray)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        kernel = self.kernel.get_value()
+        kernel = jax.tree.map(lambda p: p.get_value(), self.kernel, is_leaf=_is_variable)
         bias = self.bias.get_value() if self.bias is not None else None
         if isinstance(kernel, BlockScaledArray):
             dtype = self.dtype or jnp.result_type(inputs, *(() if bias is None else (bias,)))
@@ -66,10 +71,66 @@ class Linear(nnx.Module):
 
     def quantize_weights(self) -> None:
         """Replaces the master kernel with its quantized form, in place (no-op if already quantized or
-        the recipe keeps weights dense). Leading dims (stacked layers) are quantized per layer."""
+        the recipe keeps weights dense). Leading dims (stacked layers) are quantized per layer.
+
+        Each leaf becomes an `nnx.Param` with the kernel's metadata. Sharding names follow the leaf's own
+        storage: the kernel (..., K, N) named (*lead, k, n) gives values and scales, stored (..., N, K),
+        the names (*lead, n, k), so a mesh axis on N still splits N (column parallel stays column parallel,
+        no gather in the matmul), and nvfp4's per-matrix tensor scale the lead names only. With eager
+        sharding (nnx's default) nnx places the leaves by those names under a mesh context; without one
+        they are placed as the kernel lies (K split only into whole blocks).
+        """
         if self.quantized or self.recipe.weight_format is None:
             return
-        self.kernel = nnx.Param(quantize_weight(self.kernel.get_value(), self.recipe))
+        value, metadata = self.kernel.get_value(), dict(self.kernel.get_metadata())
+        q = quantize_weight(value, self.recipe)
+        names = metadata.get("out_sharding")
+        storage = lead = None
+        if names is not None:
+            if len(names) != value.ndim:
+                raise ValueError(f"the kernel's out_sharding {names} does not name its {value.ndim} dims")
+            *lead, k_name, n_name = names
+            storage, lead = (*lead, n_name, k_name), tuple(lead)
+            if metadata.get("eager_sharding") and metadata.get("mesh") is None and _no_mesh_context():
+                # nnx would need the mesh and logical rules the kernel was created under: place the
+                # leaves as the kernel itself lies instead.
+                q, metadata["eager_sharding"] = _placed_like(value, q), False
+
+        def param(leaf, leaf_names):
+            if leaf is None:
+                return None
+            return nnx.Param(leaf, **(metadata if names is None else {**metadata, "out_sharding": leaf_names}))
+
+        self.kernel = nnx.data(BlockScaledArray(param(q.values, storage), param(q.scales, storage), q.fmt,
+                                                q.axis, q.length, param(q.tensor_scale, lead)))
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _no_mesh_context() -> bool:
+    return jax.sharding.get_abstract_mesh().empty
+
+
+def _placed_like(kernel, q: BlockScaledArray) -> BlockScaledArray:
+    """`q`, the quantized `kernel` (..., K, N), placed as the kernel is when it is a concrete array on a
+    NamedSharding: N and lead dims as in the kernel, K (and fp8 tile rows) only where they split into
+    whole blocks, the tensor scale on the lead dims. Unchanged otherwise (under a trace)."""
+    if not isinstance(kernel, jax.Array) or isinstance(kernel, jax.core.Tracer):
+        return q
+    sharding = kernel.sharding
+    if not isinstance(sharding, NamedSharding):
+        return q
+    entries = list(sharding.spec) + [None] * (kernel.ndim - len(sharding.spec))
+    *lead, k_spec, n_spec = entries
+    spec = quantized_spec(q.shape, PartitionSpec(*lead, n_spec, k_spec), q.fmt, sharding.mesh)
+
+    def put(leaf, leaf_spec):
+        return None if leaf is None else jax.device_put(leaf, NamedSharding(sharding.mesh, leaf_spec))
+
+    return BlockScaledArray(put(q.values, spec), put(q.scales, spec), q.fmt, q.axis, q.length,
+                            put(q.tensor_scale, PartitionSpec(*lead)))
 
 
 def quantize_model(model: nnx.Module) -> nnx.Module:
