@@ -44,7 +44,7 @@ from jax.experimental.custom_partitioning import (ArrayMapping, CompoundFactor, 
                                                   custom_partitioning)
 from jax.extend import core as jcore
 from jax.extend.mlir import ir
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import primitive
 from ._triton.problem import TileConfig
@@ -376,7 +376,28 @@ def _partition(params: _Params, mesh, arg_shapes, result_shape):
         return out.astype(params.out_dtype)
 
     arg_shardings = tuple(NamedSharding(mesh, s) for s in plan.operands)
-    return mesh, lower_fn, NamedSharding(mesh, plan.result), arg_shardings
+    return mesh, _untyped_trace(lower_fn), NamedSharding(mesh, plan.result), arg_shardings
+
+
+def _untyped_trace(lower_fn):
+    """`lower_fn`, traced on the local blocks without sharding types.
+
+    XLA's partitioner calls `_partition` while compiling, and jax (0.11) then traces `lower_fn` under the
+    abstract mesh of the caller's `jax.set_mesh`. With Explicit axes every op in it would carry a sharding
+    constraint, which the partitioner, having already run, leaves in the program: the GPU compiler then
+    finds no implementation for the `Sharding` custom call, and the all-reduce's reducer no reduction kind
+    (an abort). The axes are switched to Auto and the operands cast to them (no op is emitted for that);
+    the result stays Auto-typed: only its shape and dtype are compared with the partitioned result's.
+    """
+    @functools.wraps(lower_fn)
+    def traced(*operands):
+        mesh = jax.sharding.get_abstract_mesh()
+        explicit = {a: AxisType.Auto for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+        if not explicit:
+            return lower_fn(*operands)
+        with jax.sharding.use_abstract_mesh(mesh.update_axis_types(explicit)):
+            return lower_fn(*jax.sharding.reshard(operands, PartitionSpec()))
+    return traced
 
 
 def _infer(params: _Params, mesh, arg_shapes, result_shape):

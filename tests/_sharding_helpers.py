@@ -57,6 +57,30 @@ def _opaque_lowering(ctx, *args, a, b, out_dtype, **_):
 
 
 @contextlib.contextmanager
+def partition_callback_under_mesh(mesh):
+    """Traces custom_partitioning's per-device function under `mesh`'s abstract mesh, as jax 0.11 does
+    with the caller's `jax.set_mesh` (older jax traces it under none), so that CPU CI on older jax covers
+    it: there, Explicit axes put sharding ops into the partitioned program, which GPUs cannot compile."""
+    from jax._src import custom_partitioning as cp  # the callback's tracing is not public API
+
+    make_jaxpr = cp.api.make_jaxpr
+
+    def under_mesh(fn, **kwargs):
+        trace = make_jaxpr(fn, **kwargs)
+
+        def traced(*args):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                return trace(*args)
+        return traced
+
+    cp.api.make_jaxpr = under_mesh
+    try:
+        yield
+    finally:
+        cp.api.make_jaxpr = make_jaxpr
+
+
+@contextlib.contextmanager
 def opaque_cpu_gemm():
     """The primitive's CPU lowering as an unpartitionable GEMM, as the Triton kernel is on a GPU."""
     mlir.register_lowering(primitive.blockscaled_matmul_p, _opaque_lowering, platform="cpu")

@@ -89,7 +89,44 @@ def test_two_gpus_match_one_without_gathering(operands, fa, fb, case):
     _check(out, ref, exact=not {fa, fb} & {"nvfp4", "fp8_block"})
 
 
-# Gradients on Explicit-axis meshes are tested on 8 CPU devices (tests/test_sharding_explicit.py). On
-# 2 x H200 (2026-11-21) the column-parallel mxfp8 matmul gradient failed and the fp8_deepseek recipe's
-# aborted inside XLA; until that is diagnosed (issue #6) they are not part of the GPU suite, where an abort
-# would end the whole run.
+# Meshes with Explicit axes (sharding in types), forward and both gradients. jax 0.11 traces the
+# per-device GEMM under the caller's mesh; before `partitioning._untyped_trace` the sharding ops that put
+# into the partitioned program made these fail to compile ("no implementation for custom call to
+# Sharding") or abort in the all-reduce (2 x H200, 2026-11-21). Mesh shape per case: 2 GPUs on the split axis.
+EXPLICIT_CASES = {
+    "data_parallel": ((2, 1), P("data", None), P(None, None), P("data", None)),
+    "column_parallel": ((1, 2), P(None, None), P("model", None), P(None, "model")),
+    "row_parallel": ((1, 2), P(None, "model"), P(None, "model"), P(None, None)),
+}
+GRAD_FNS = {
+    "matmul_mxfp8": lambda x, w: jb.matmul(x, w, a_format="mxfp8", b_format="mxfp8", out_dtype=jnp.float32),
+    **{f"recipe_{r}": (lambda r: lambda x, w: jb.recipe_matmul(x, w, r, out_dtype=jnp.float32))(r)
+       for r in ("mxfp8", "nvfp4", "fp8_deepseek", "w4a8")},
+}
+INEXACT = {"recipe_nvfp4", "recipe_fp8_deepseek"}  # non-power-of-two scales: float32 sums round by order
+
+
+def _explicit_put(mesh, t, spec):
+    return jax.device_put(t, NamedSharding(mesh, spec))
+
+
+@pytest.mark.parametrize("case", list(EXPLICIT_CASES))
+@pytest.mark.parametrize("name", list(GRAD_FNS))
+def test_explicit_mesh_forward_and_grads_match_one_gpu(name, case):
+    shape, x_spec, w_spec, y_spec = EXPLICIT_CASES[case]
+    x, w, ct = _ints(M, K), _ints(N, K), _ints(M, N)
+    f = GRAD_FNS[name]
+
+    def fn(x, w, ct):
+        y, pullback = jax.vjp(f, x, w)
+        return (y, *pullback(ct))
+
+    ref = jax.jit(fn)(x, w, ct)
+    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Explicit,) * 2, devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        args = (_explicit_put(mesh, x, x_spec), _explicit_put(mesh, w, w_spec), _explicit_put(mesh, ct, y_spec))
+        out, found = run(fn, args)
+    assert not found & set(GATHERS), f"{case}: {found}"
+    assert tuple(o.sharding.spec for o in out) == (y_spec, x_spec, w_spec)
+    for got, want in zip(out, ref):
+        _check(got, want, exact=name not in INEXACT)

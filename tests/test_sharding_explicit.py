@@ -7,7 +7,8 @@ and a custom_vjp cotangent whose sharding differs from its primal operand's (`ja
 states those shardings). Each case checks the numbers against the unsharded run, the sharding in the
 result's type (each gradient's must be its operand's), and the compiled HLO: no all-gather / all-to-all /
 collective-permute. The GEMM is opaque, as in tests/test_sharding.py, so a missing rule would show as a
-gather.
+gather, and the per-device GEMM is traced under the mesh, as jax 0.11 does (a sharding op left in it would
+not compile: `partitioning._untyped_trace`).
 
 Exactness as in tests/test_sharding.py: integer data are exact in MX formats and bf16, nvfp4 and fp8_block
 scales round (rtol 1e-5). Gradients are taken against a fixed integer cotangent (`jax.vjp`), which every
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _sharding_helpers import GATHERS, opaque_cpu_gemm, put, run
+from _sharding_helpers import GATHERS, opaque_cpu_gemm, partition_callback_under_mesh, put, run
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
@@ -64,8 +65,8 @@ def _spec(x):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def opaque_gemm():
-    with opaque_cpu_gemm():
+def opaque_gemm_traced_as_in_jax_0_11():
+    with opaque_cpu_gemm(), partition_callback_under_mesh(_mesh()):
         yield
 
 
