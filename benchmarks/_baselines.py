@@ -190,6 +190,16 @@ def xla_copy_ref(x: jax.Array) -> jax.Array:
     return x.astype(F32) + 1
 
 
+def xla_read(x: jax.Array) -> jax.Array:
+    """The read ceiling, for weight-streaming (decode) bounds: max |x| over the tensor, read once. A max
+    is exact in any order, so the check compares bits, not a rounded sum."""
+    return jnp.max(jnp.abs(x)).astype(F32)
+
+
+def xla_read_ref(x: jax.Array) -> jax.Array:
+    return jnp.max(jnp.abs(x.astype(F32)))
+
+
 # ---- jax.nn.scaled_matmul availability -------------------------------------------------------------
 
 _PROBE = """

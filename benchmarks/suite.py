@@ -6,6 +6,9 @@
     python -m benchmarks.suite --list --quick               # what would run
     python -m benchmarks.suite --shapes 1x7168x2048,llama   # groups, case names, or new MxNxK shapes
     python -m benchmarks.suite --smoke --out /tmp/s         # tiny shapes, runs on a CPU (the jnp reference)
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks.suite --shapes square,llama,decode_fp8 --tag part0 &
+    CUDA_VISIBLE_DEVICES=1 python -m benchmarks.suite --shapes deepseek --no-ceilings --tag part1
+    python -m benchmarks.suite --merge benchmarks/results/suite_*_part[01].csv   # one sweep from two GPUs
 
 What runs, per shape (M, N, K), a (M, K) x b (N, K) -> (M, N) bf16:
 
@@ -18,7 +21,8 @@ What runs, per shape (M, N, K), a (M, K) x b (N, K) -> (M, N) bf16:
   error in `note`; it never stops the run.
 - quantization of a bf16 8192 x 8192 tensor to mxfp8, nvfp4 and fp8 1x128, in GB/s and against one XLA
   elementwise pass over the same tensor; and the machine's ceilings, measured first: XLA bf16 and fp8
-  matmul TFLOP/s at 8192^3 and copy GB/s on 1 GiB.
+  matmul TFLOP/s at 8192^3, copy GB/s on 1 GiB and read-only GB/s (a max over the same tensor). The target
+  table says what meeting each target takes on its hardest shape against the ceiling that bounds it.
 
 Every result is checked before it is timed: ours against `jb.reference.matmul` on the same quantized
 operands, each baseline against the float32 dot of its dequantized operands (relative Frobenius error
@@ -63,7 +67,7 @@ from ._torch import torch_blockwise  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMPLS = ("xla_bf16", "xla_fp8_tensor", "ours", "xla_dequant", "jax_scaled_matmul", "torch_blockwise",
-         "quantize", "xla_elementwise", "xla_copy")
+         "quantize", "xla_elementwise", "xla_copy", "xla_read")
 QUANT_BASE = {"mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp8_1x128": "fp8_block"}  # for --formats
 
 
@@ -82,11 +86,8 @@ class Run:
         self.cfg, self.impls = cfg, set(args.impls.split(",")) if args.impls else set(IMPLS)
         device = jax.devices()[0].device_kind
         date = datetime.date.today().isoformat()
-        slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
         self.meta = dict(device=device, date=date, jax=jax.__version__, target=jb.detect_target())
-        out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.stem = out / f"suite_{slug}_{date}{'_' + args.tag if args.tag else ''}"
+        self.stem = output_stem(args.out, device, date, args.tag)
         self.csv = self.stem.with_suffix(".csv")
         self.rows = {} if args.fresh else _report.load(self.csv)
         self.resume = args.resume
@@ -116,6 +117,14 @@ class Run:
         print(f"  {row['case']:>16} {row['format']:>12} {row['impl']:>18} {row['status']:>12} "
               f"{row['median_us'] or '-':>10} us {row['tflops'] or row['gbps'] or '-':>8} "
               f"{row['path']} {row['note'][:100]}", flush=True)
+
+
+def output_stem(out: str, device: str, date: str, tag: str) -> pathlib.Path:
+    """out/suite_<device>_<date>[_<tag>] (the CSV, PNG and MD share it); creates `out`."""
+    slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+    path = pathlib.Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path / f"suite_{slug}_{date}{'_' + tag if tag else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +180,7 @@ NF = _report.NO_FORMAT
 
 
 def run_ceilings(run: Run, md: Mode) -> None:
-    """XLA bf16 and fp8 matmul TFLOP/s at M = N = K = ceiling_mnk, and copy GB/s."""
+    """XLA bf16 and fp8 matmul TFLOP/s at M = N = K = ceiling_mnk, copy and read-only GB/s."""
     s, keys = md.ceiling_mnk, jax.random.split(jax.random.key(0), 2)
     site = Site("ceiling", "ceiling", (s, s, s), 2.0 * s ** 3, s * s * 2)
     if run.todo("ceiling", NF, "xla_bf16") or run.todo("ceiling", NF, "xla_fp8_tensor"):
@@ -182,12 +191,15 @@ def run_ceilings(run: Run, md: Mode) -> None:
         run.unit("ceiling", NF, "xla_fp8_tensor", lambda: jax_row(
             run, site, NF, ("e4m3", "e4m3"), "xla_fp8_tensor", bl.xla_fp8_tensor, fp8, bl.xla_fp8_tensor_ref))
         del dense, fp8
-    if run.todo("ceiling", NF, "xla_copy"):
+    if run.todo("ceiling", NF, "xla_copy") or run.todo("ceiling", NF, "xla_read"):
         rows, cols = md.copy_shape
         xs = [(jax.random.normal(k, (rows, cols), jnp.bfloat16),) for k in keys]
         copy = Site("ceiling", "ceiling", (rows, 0, cols), 0.0, rows * cols * 2)
         run.unit("ceiling", NF, "xla_copy", lambda: jax_row(
             run, copy, NF, ("bf16", "bf16"), "xla_copy", bl.xla_copy, xs, bl.xla_copy_ref))
+        read = Site("ceiling", "ceiling", (rows, 0, cols), 0.0, 4)
+        run.unit("ceiling", NF, "xla_read", lambda: jax_row(
+            run, read, NF, ("bf16", "bf16"), "xla_read", bl.xla_read, xs, bl.xla_read_ref))
 
 
 def run_quant(run: Run, md: Mode, formats: Optional[set[str]]) -> None:
@@ -274,21 +286,41 @@ def _scaled_matmul(q: list, cfg: TimingConfig) -> bl.Outcome:
         na_on_error=True))
 
 
-def report(run: Run) -> tuple[pathlib.Path, pathlib.Path]:
+def report(stem: pathlib.Path, rows: dict, meta: dict) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes stem.csv, .png and .md from `rows` and prints the target table."""
     from ._plot import plot  # matplotlib only once there is something to draw
-    png, md = run.stem.with_suffix(".png"), run.stem.with_suffix(".md")
-    _report.write(run.csv, run.rows)
-    plot(run.rows, png, f"jax_blockscale speed suite: {run.meta['device']}, {run.meta['date']}")
-    md.write_text(_report.summary_markdown(run.rows, run.meta, run.csv.name, png.name))
+    csv_path, png, md = stem.with_suffix(".csv"), stem.with_suffix(".png"), stem.with_suffix(".md")
+    _report.write(csv_path, rows)
+    plot(rows, png, f"jax_blockscale speed suite: {meta['device']}, {meta['date']}")
+    md.write_text(_report.summary_markdown(rows, meta, csv_path.name, png.name))
     print("\nIssue #4 targets (speedup = baseline time / ours):")
-    print(_report.text_table(_report.TARGET_HEADER, _report.target_lines(run.rows)))
-    lines = _report.shape_lines(run.rows)
+    print(_report.text_table(_report.TARGET_HEADER, _report.target_lines(rows)))
+    lines = _report.shape_lines(rows)
     if len(lines) <= 60:  # the full sweep's table is for the .md file, not the terminal
         print("\nPer shape (ours):")
         print(_report.text_table(_report.SHAPE_HEADER, lines))
-    statuses = [r["status"] for r in run.rows.values()]
+    statuses = [r["status"] for r in rows.values()]
     print("\nrows: " + ", ".join(f"{s} {statuses.count(s)}" for s in sorted(set(statuses))))
     return png, md
+
+
+def merge(paths: list[str], out: str, tag: str) -> dict:
+    """One CSV/PNG/MD from several (parts of a sweep run at once on several GPUs of one kind, one day)."""
+    rows: dict = {}
+    for path in paths:
+        part = _report.load(pathlib.Path(path))
+        if not part:
+            raise SystemExit(f"--merge: {path} is missing or empty")
+        rows.update(part)
+    first = next(iter(rows.values()))
+    meta = {k: first[k] for k in ("device", "date", "jax", "target")}
+    mixed = {(r["device"], r["date"]) for r in rows.values()} - {(meta["device"], meta["date"])}
+    if mixed:
+        raise SystemExit(f"--merge: rows from more than one device/date: {sorted(mixed)}")
+    stem = output_stem(out, meta["device"], meta["date"], tag)
+    png, md = report(stem, rows, meta)
+    print(f"\nwrote {stem.with_suffix('.csv')}\n      {png}\n      {md}")
+    return rows
 
 
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -308,6 +340,9 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
                         "until the budget no longer runs out")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
     p.add_argument("--list", action="store_true", help="print the selected shapes and formats, run nothing")
+    p.add_argument("--merge", nargs="+", metavar="CSV",
+                   help="run nothing: combine these CSVs (parts of one sweep, e.g. one per GPU run at once) into "
+                        "one CSV, PNG and MD in --out (named by their device and date, plus --tag)")
     p.add_argument("--time-budget", type=float, default=480.0,
                    help="seconds; no new work starts after this (the device allows 10 min per command)")
     p.add_argument("--flush-mb", type=int, default=128, help="operand MB the R sets of a case must exceed")
@@ -322,6 +357,8 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse(argv)
+    if args.merge:
+        return merge(args.merge, args.out, args.tag)
     md = mode(args)
     formats = set(args.formats.split(",")) if args.formats else None
     cases = select(md.cases, args.shapes, formats)
@@ -342,7 +379,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         run_quant(run, md, formats)
     for case in cases:
         run_case(run, case)
-    png, summary = report(run)
+    png, summary = report(run.stem, run.rows, run.meta)
     if run.skipped:
         print(f"\ntime budget spent: {len(run.skipped)} units not run, e.g. {run.skipped[:5]}; rerun the same "
               f"command with --resume to do the rest (results merge into the same CSV)")

@@ -18,9 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `pytest` (unlike `python -m pytest`) does not put the repo root on the path
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import suite  # noqa: E402
+from benchmarks import _report, suite  # noqa: E402
 
-CPU_IMPLS = {"xla_bf16", "xla_fp8_tensor", "ours", "xla_dequant", "quantize", "xla_elementwise", "xla_copy"}
+CPU_IMPLS = {"xla_bf16", "xla_fp8_tensor", "ours", "xla_dequant", "quantize", "xla_elementwise", "xla_copy",
+             "xla_read"}
 GPU_ONLY = {"jax_scaled_matmul", "torch_blockwise"}
 
 
@@ -74,3 +75,42 @@ def test_plot_and_summary_written(smoke):
     assert png.stat().st_size > 10_000
     text = md.read_text()
     assert "Issue #4 targets" in text and "Per shape" in text and "Quantization" in text
+
+
+def test_merge_joins_parts_into_one_report(smoke, tmp_path):
+    """Two parts of a sweep (as two GPUs write them) merge into one CSV with every row, plus PNG and MD."""
+    _, path, rows = smoke
+    parts = []
+    for i, half in enumerate((rows[::2], rows[1::2])):
+        part = tmp_path / f"part{i}.csv"
+        with open(part, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(half)
+        parts.append(str(part))
+    merged = suite.main(["--merge", *parts, "--out", str(tmp_path / "merged"), "--tag", "all"])
+    assert set(merged) == {_report.key(r) for r in rows}
+    (csv_path,) = (tmp_path / "merged").glob("suite_*_all.csv")
+    assert len(_report.load(csv_path)) == len(rows)
+    assert csv_path.with_suffix(".png").exists() and "Issue #4 targets" in csv_path.with_suffix(".md").read_text()
+
+
+def test_target_states_what_meeting_it_takes():
+    """1.1x a 1100 us cuBLAS time at 8192^3 allows 1000 us: 1100 TFLOP/s, 110% of a 1000 TFLOP/s fp8
+    ceiling; <= 8 us for 16 MB of weights is 2000 GB/s, 50% of a 4000 GB/s read ceiling."""
+    def row(case, fmt, impl, us, m=0, n=0, k=0, nbytes=0, **extra):
+        return {"case": case, "format": fmt, "impl": impl, "status": "ok", "median_us": str(us), "M": str(m),
+                "N": str(n), "K": str(k), "bytes": str(nbytes), "tflops": "", "gbps": "", **extra}
+    big, dec = "8192x8192x8192", "16x7168x4096"
+    rows = [row("ceiling", "-", "xla_fp8_tensor", 1, 8192, 8192, 8192, tflops="1000"),
+            row("ceiling", "-", "xla_read", 1, gbps="4000"),
+            row(big, "fp8_block", "ours", 1500, 8192, 8192, 8192),
+            row(big, "fp8_block", "torch_blockwise", 1100, 8192, 8192, 8192),
+            row(dec, "mxfp4", "ours", 30, 16, 7168, 4096, nbytes=16_000_000)]
+    by_key = {_report.key(r): r for r in rows}
+    _report.add_ratios(by_key)
+    lines = {line[0]: line for line in _report.target_lines(by_key)}
+    assert lines["block FP8, M,N,K >= 2048"][-1] == (
+        "1100 TFLOP/s = 110% of the fp8 ceiling (fp8_block 8192x8192x8192)")
+    assert lines["fp4 weights decode, M<=64 N=7168 K=4096 (<= 8 us)"][-1] == (
+        "2000 GB/s = 50% of the read ceiling (mxfp4 16x7168x4096)")
