@@ -52,15 +52,16 @@ def _ok_time(rows: dict[tuple, Row], k: tuple) -> float:
 
 def add_ratios(rows: dict[tuple, Row]) -> None:
     """Fill ratio_vs_* of our rows and of quantization rows (in place)."""
-    for (case, fmt, impl), r in rows.items():
-        t = _ok_time(rows, (case, fmt, impl))
-        if impl == "ours":
-            for b in SHAPE_BASELINES:
-                r[f"ratio_vs_{b}"] = _fmt(_ok_time(rows, (case, NO_FORMAT, b)) / t, 3)
-            for b in FORMAT_BASELINES:
-                r[f"ratio_vs_{b}"] = _fmt(_ok_time(rows, (case, fmt, b)) / t, 3)
-        elif impl == "quantize":
-            r["ratio_vs_xla_elementwise"] = _fmt(_ok_time(rows, (case, NO_FORMAT, "xla_elementwise")) / t, 3)
+    for k, r in rows.items():
+        baselines = {"ours": SHAPE_BASELINES + FORMAT_BASELINES, "quantize": ("xla_elementwise",)}.get(k[2], ())
+        for b in baselines:
+            r[f"ratio_vs_{b}"] = _fmt(_baseline_us(rows, r, b) / _ok_time(rows, k), 3)
+
+
+def _baseline_us(rows: dict[tuple, Row], r: Row, baseline: str) -> float:
+    """The time of `baseline` on r's case: per format for FORMAT_BASELINES, else the case's one row."""
+    fmt = r["format"] if baseline in FORMAT_BASELINES else NO_FORMAT
+    return _ok_time(rows, (r["case"], fmt, baseline))
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -133,10 +134,6 @@ TARGETS = (
            0.8, lambda m, n, k: (m, k) == (8192, 8192), impl="quantize", bound="copy"),
 )
 
-
-def _baseline_us(rows: dict[tuple, Row], r: Row, baseline: str) -> float:
-    fmt = r["format"] if baseline in FORMAT_BASELINES else NO_FORMAT
-    return _ok_time(rows, (r["case"], fmt, baseline))
 
 
 def implied(rows: dict[tuple, Row], t: Target) -> str:

@@ -6,6 +6,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -26,6 +27,16 @@ def put(mesh, x, spec, scale_spec=None):
         return jb.BlockScaledArray(leaf(x.values, spec), leaf(x.scales, scale_spec), x.fmt, x.axis,
                                    x.length, ts)
     return leaf(x, spec)
+
+
+def check(out, ref, exact: bool) -> None:
+    """Bitwise equal, or (scales that are not powers of two: the float32 sums round by order) within
+    rtol 1e-5 and 1e-5 of the largest |ref|."""
+    out, ref = np.asarray(out), np.asarray(ref)
+    if exact:
+        np.testing.assert_array_equal(out, ref)
+    else:
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def collectives(compiled_text: str) -> set:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _sharding_helpers import GATHERS, put, run
+from _sharding_helpers import GATHERS, check, put, run
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -51,13 +51,6 @@ def _ints(*shape):
     return jnp.asarray(RNG.integers(-4, 5, shape).astype(np.float32))
 
 
-def _check(out, ref, exact):
-    out, ref = np.asarray(out), np.asarray(ref)
-    if exact:
-        np.testing.assert_array_equal(out, ref)
-    else:
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
-
 
 def _mm(a, b):
     return jb.matmul(a, b, out_dtype=jnp.float32)
@@ -86,7 +79,7 @@ def test_two_gpus_match_one_without_gathering(operands, fa, fb, case):
         assert needed in found, f"{case}: expected a {needed}, got {found}"
     else:
         assert not found, f"{case}: no communication expected, got {found}"
-    _check(out, ref, exact=not {fa, fb} & {"nvfp4", "fp8_block"})
+    check(out, ref, exact=not {fa, fb} & {"nvfp4", "fp8_block"})
 
 
 # Meshes with Explicit axes (sharding in types), forward and both gradients. jax 0.11 traces the
@@ -106,10 +99,6 @@ GRAD_FNS = {
 INEXACT = {"recipe_nvfp4", "recipe_fp8_deepseek"}  # non-power-of-two scales: float32 sums round by order
 
 
-def _explicit_put(mesh, t, spec):
-    return jax.device_put(t, NamedSharding(mesh, spec))
-
-
 @pytest.mark.parametrize("case", list(EXPLICIT_CASES))
 @pytest.mark.parametrize("name", list(GRAD_FNS))
 def test_explicit_mesh_forward_and_grads_match_one_gpu(name, case):
@@ -124,9 +113,9 @@ def test_explicit_mesh_forward_and_grads_match_one_gpu(name, case):
     ref = jax.jit(fn)(x, w, ct)
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Explicit,) * 2, devices=jax.devices()[:2])
     with jax.set_mesh(mesh):
-        args = (_explicit_put(mesh, x, x_spec), _explicit_put(mesh, w, w_spec), _explicit_put(mesh, ct, y_spec))
+        args = (put(mesh, x, x_spec), put(mesh, w, w_spec), put(mesh, ct, y_spec))
         out, found = run(fn, args)
     assert not found & set(GATHERS), f"{case}: {found}"
     assert tuple(o.sharding.spec for o in out) == (y_spec, x_spec, w_spec)
     for got, want in zip(out, ref):
-        _check(got, want, exact=name not in INEXACT)
+        check(got, want, exact=name not in INEXACT)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _sharding_helpers import GATHERS, opaque_cpu_gemm
+from _sharding_helpers import GATHERS, check, opaque_cpu_gemm
 from _sharding_helpers import put as _put
 from _sharding_helpers import run as _run
 from jax.sharding import AxisType, NamedSharding
@@ -55,12 +55,6 @@ def _normal(*shape):
 def _exact(fa, fb):
     return not {fa, fb} & {"nvfp4", "fp8_block"}
 
-
-def _check(out, ref, exact):
-    if exact:
-        np.testing.assert_array_equal(out, ref)
-    else:
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
 
 
 def _q(x, fmt, side):
@@ -116,7 +110,7 @@ def test_partitions_without_gathering(operands, fa, fb, case):
     else:
         assert not found, f"{case}: no communication expected, got {found}"
     assert out.sharding.spec == out_spec
-    _check(out, ref, _exact(fa, fb))
+    check(out, ref, _exact(fa, fb))
 
 
 @pytest.mark.parametrize("case", ["row_parallel_psum", "row_parallel_reduce_scatter"])
@@ -144,7 +138,7 @@ def test_batch_dims_sharded(fa, fb):
         out, found = _run(_mm(jnp.float32), (_put(mesh, a, P("data", None, None)), _put(mesh, b, b_spec)),
                           NamedSharding(mesh, out_spec))
         assert not found, found
-        _check(out, ref, _exact(fa, fb))
+        check(out, ref, _exact(fa, fb))
 
 
 def test_vmap_inside_jit_stays_partitioned():
@@ -201,7 +195,7 @@ def test_shard_map_runs_the_local_matmul():
     specs = (jax.tree_util.tree_map(lambda t: P("data") if t.ndim else P(), a),
              jax.tree_util.tree_map(lambda t: P("model") if t.ndim else P(), b))
     fn = jax.shard_map(_mm(jnp.float32), mesh=mesh, in_specs=specs, out_specs=P("data", "model"))
-    _check(jax.jit(fn)(a, b), jax.jit(_mm(jnp.float32))(a, b), exact=False)
+    check(jax.jit(fn)(a, b), jax.jit(_mm(jnp.float32))(a, b), exact=False)
 
 
 # ------------------------------------------------------------------------------------- bad shardings
@@ -238,4 +232,4 @@ def test_fp8_weight_tiles_split_across_devices_are_gathered():
     a, b = _q(_x(M, 256), "fp8_block", "a"), _q(_x(384, 256), "fp8_block", "b")  # 3 tile rows, 4 devices
     with pytest.warns(BlockSplitWarning, match=r"N is sharded.*3 fp8_block tiles of rows"):
         out, _ = _run(_mm(jnp.float32), (_put(mesh, a, P()), _put(mesh, b, P("model", None), P())))
-    _check(out, jax.jit(_mm(jnp.float32))(a, b), exact=False)
+    check(out, jax.jit(_mm(jnp.float32))(a, b), exact=False)

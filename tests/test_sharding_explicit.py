@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _sharding_helpers import GATHERS, opaque_cpu_gemm, partition_callback_under_mesh, put, run
+from _sharding_helpers import GATHERS, check, opaque_cpu_gemm, partition_callback_under_mesh, put, run
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
@@ -52,12 +52,6 @@ def _mesh():
 def _ints(*shape):
     return jnp.asarray(RNG.integers(-4, 5, shape).astype(np.float32))
 
-
-def _check(out, ref, exact):
-    if exact:
-        np.testing.assert_array_equal(out, ref)
-    else:
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
 
 
 def _spec(x):
@@ -96,7 +90,7 @@ def test_forward_types_and_partitions(data, fa, fb, case):
     out, found = run(_mm, args)
     assert out.sharding.spec == out_spec
     assert found == ({needed} if needed else set()), f"{case}: {found}"
-    _check(out, ref, exact=not {fa, fb} & {"nvfp4", "fp8_block"})
+    check(out, ref, exact=not {fa, fb} & {"nvfp4", "fp8_block"})
 
 
 def _vjp(fn):
@@ -117,7 +111,7 @@ def test_grad_against_a_prequantized_column_parallel_weight(data):
         dx, found = run(fn, (put(mesh, x, P("data", None)), put(mesh, qw, P("model", None))))
     assert not found & set(GATHERS), found
     assert dx.sharding.spec == P("data", None)
-    _check(dx, jax.jit(fn)(x, qw), exact=True)
+    check(dx, jax.jit(fn)(x, qw), exact=True)
 
 
 # jb.matmul quantizing inside (straight-through float32 backward) and every recipe's custom_vjp.
@@ -145,6 +139,6 @@ def test_grads(data, name, case):
         (y, dx, dw), found = run(fn, (put(mesh, x, x_spec), put(mesh, w, w_spec), put(mesh, ct, out_spec)))
     assert not found & set(GATHERS), found
     assert (y.sharding.spec, dx.sharding.spec, dw.sharding.spec) == (out_spec, x_spec, w_spec)
-    _check(y, ref[0], exact=name not in INEXACT_OUT)
+    check(y, ref[0], exact=name not in INEXACT_OUT)
     for got, want in zip((dx, dw), ref[1:]):
-        _check(got, want, exact=name not in INEXACT_GRAD)
+        check(got, want, exact=name not in INEXACT_GRAD)
