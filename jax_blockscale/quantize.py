@@ -401,6 +401,34 @@ def quantize(
         raise ValueError(f"rounding={rounding!r} applies to MX formats only; {spec.name} scales are not powers of two")
     if tensor_scale is not None and not isinstance(spec, NVFP4Format):
         raise ValueError(f"tensor_scale applies to nvfp4 only, not {spec.name}")
+    if _fused_eligible(x, spec, axis):
+        from .quantize_primitive import quantize_pair
+
+        ts = nvfp4_tensor_scale(x) if isinstance(spec, NVFP4Format) and tensor_scale is None else tensor_scale
+        x2 = x.reshape(1, -1) if x.ndim == 1 else x
+        q, _ = quantize_pair(x2, spec, None, rounding=rounding, row_ts=ts)
+        if x.ndim == 1:
+            q = BlockScaledArray(q.values[0], q.scales[0], q.fmt, q.axis, q.length, q.tensor_scale)
+        return q
+    return quantize_jnp(x, spec, axis=axis, rounding=rounding, tensor_scale=tensor_scale)
+
+
+def _fused_eligible(x: jax.Array, spec: Format, axis: int) -> bool:
+    """Whether `quantize` goes through the quantization primitive (jnp on CPU, the fused kernel on one GPU):
+    along the last axis, a non-empty input, a format the kernel takes, and not typed with Explicit-axis
+    sharding (whose per-device blocks `_explicit.quantize` arranges around the jnp quantizer)."""
+    from . import _explicit, quantize_primitive
+
+    if not quantize_primitive.USE_KERNEL or axis != -1 or x.size == 0:
+        return False
+    if quantize_primitive.kernel_path(spec) is not None:
+        return False
+    return _explicit.explicit_sharding(x) is None
+
+
+def quantize_jnp(x: jax.Array, spec: Format, *, axis: int, rounding: str, tensor_scale=None) -> BlockScaledArray:
+    """The jnp quantizer (the reference): `quantize` after its checks, for a resolved format and a
+    normalized (negative) axis."""
     length = x.shape[axis]
     # The input stays in its dtype: the amax reduction reads it as is, the elementwise pass widens it.
     if isinstance(spec, BlockFP8Format):

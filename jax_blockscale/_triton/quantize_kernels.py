@@ -1,0 +1,340 @@
+"""One-pass block quantization on the GPU: every format, optionally the transposed quantization too.
+
+`quantize_kernel` reads a (BR, BC) tile of x (B, R, C) once and writes, from the same registers:
+- the *row* quantization: x quantized along C (its last axis), values (B, R, Cq / epb) and scales, the
+  layout `jax_blockscale.quantize(x, fmt, axis=-1)` produces;
+- the *column* quantization: x quantized along R, stored transposed, values (B, C, Rq / epb) and scales,
+  the layout of `quantize(swapaxes(x, -1, -2), fmt_t, axis=-1)` — what a backward GEMM reads (wgrad
+  contracts over tokens). Cast and transpose in one pass: no XLA transpose of x or of the codes.
+
+Either side can be off, and each side has its own format (the nvfp4 recipe quantizes x along K to nvfp4
+and along M to mxfp8; fp8_deepseek uses 1x128 groups along K and 128x128 tiles along M).
+
+Every block is a tile (TH, TW) in x's coordinates: MX / nvfp4 / 1xN fp8 groups along C are (1, block),
+along R (block, 1); 2D fp8 tiles are (rows, cols) (transposed for the column side). Its amax is an integer
+max over the float32 bit patterns with the sign cleared (NaN above +Inf above every finite value).
+
+Bit-identity with the jnp quantizer (quantize.py, the oracle): each per-block and per-element step here
+is the same IEEE operation the jnp code asks XLA for, in the same order — the MX exponent from the
+amax's bits for all four roundings, the exact power-of-two multiply, the float64 quotients for nvfp4 and
+fp8_block with `reduce_precision`-to-float32 done on the float64 bits (`_rn32`), and the integer RNE
+encoder of `elements.encode`. Float32 subnormals are kept (Triton emits no .ftz, like XLA:GPU), so the
+kernel matches XLA:GPU's run of the jnp code; tests compare both on the GPU and, through Triton's
+interpreter, against XLA:CPU on normal inputs (XLA:CPU flushes subnormals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from ..formats import BlockFP8Format, Format, MXFormat, NVFP4Format
+
+__all__ = ["Side", "Plan", "plan", "quantize_kernel", "supported_side"]
+
+_F32_MIN_NORMAL = 2.0**-126
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Element and scale arithmetic (mirrors of elements.py / quantize.py, see the module docstring).
+
+
+@triton.jit
+def _exp2_bits(e):
+    """2**e as float32 for integer e in [-126, 127], from the exponent bits (elements._exp2)."""
+    return ((e + 127).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _encode(x, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+    """float32 -> element code (uint8), RNE, saturating; `elements.encode` step by step."""
+    bits = x.to(tl.uint32, bitcast=True)
+    sign = (bits >> 31).to(tl.uint8)
+    m = tl.minimum(bits & 0x7FFFFFFF, tl.full(bits.shape, MAX_BITS, tl.uint32))
+    DROP: tl.constexpr = 23 - MBITS
+    rounded = (m + ((1 << (DROP - 1)) - 1) + ((m >> DROP) & 1)) >> DROP
+    normal = rounded - ((127 + MIN_EXP - 1) << MBITS)
+    MAGIC_EXP: tl.constexpr = MIN_EXP - MBITS + 23
+    MAGIC_BITS: tl.constexpr = (MAGIC_EXP + 127) << 23
+    magic = tl.full(bits.shape, MAGIC_BITS, tl.uint32).to(tl.float32, bitcast=True)
+    sub = (m.to(tl.float32, bitcast=True) + magic).to(tl.uint32, bitcast=True) - MAGIC_BITS
+    SMALLEST_NORMAL: tl.constexpr = (MIN_EXP + 127) << 23
+    magnitude = tl.where(m < SMALLEST_NORMAL, sub, normal).to(tl.uint8)
+    return magnitude | (sign << (NBITS - 1))
+
+
+@triton.jit
+def _rn32(v):
+    """float64 v rounded to the nearest float32 value, as XLA's reduce_precision(8, 23) does it: RNE on
+    the mantissa in float64's own range, then values below 2**-126 flush to signed zero and values past
+    the largest float32 become Inf; NaN stays NaN. (A float64 -> float32 conversion would round into
+    float32 subnormals instead.)"""
+    bits = v.to(tl.uint64, bitcast=True)
+    mag = bits & 0x7FFFFFFFFFFFFFFF
+    sign = bits ^ mag
+    is_nan = mag > 0x7FF0000000000000
+    rounded = (mag + ((1 << 28) - 1) + ((mag >> 29) & 1)) >> 29 << 29
+    exp = (rounded >> 52).to(tl.int32)
+    out = tl.where(exp < 1023 - 126, tl.zeros_like(rounded), rounded)
+    out = tl.where(exp > 1023 + 127, tl.full(rounded.shape, 0x7FF0000000000000, tl.uint64), out)
+    out = tl.where(is_nan, mag, out) | sign
+    return out.to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _widen(v):
+    """float32 -> float64 with float32 subnormals flushed (quantize._widen)."""
+    return _rn32(v.to(tl.float64))
+
+
+@triton.jit
+def _mx_exponent(amax_bits, amax, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
+                 ROUNDING: tl.constexpr):
+    """The shared exponent E before clamping (quantize._mx_shared_exponent), int32."""
+    fl = ((amax_bits >> 23) & 0xFF).to(tl.int32) - 127
+    mant = amax_bits & 0x7FFFFF
+    if ROUNDING == "floor":
+        e = fl - EMAX
+    elif ROUNDING == "ceil":
+        e = fl + (mant != 0).to(tl.int32) - EMAX
+    elif ROUNDING == "even":
+        # round(amax * 2**(MBITS - fl)) >= 2**(MBITS + 1): the product is exact and lies in
+        # [2**MBITS, 2**(MBITS+1)) for normal amax, and the threshold minus 1/2 is a tie that rounds to
+        # the even 2**(MBITS+1), so the test is q >= 2**(MBITS+1) - 1/2.
+        k = MBITS - fl
+        half = k >> 1  # floor division by 2, as jnp's //
+        q = amax * _exp2_bits(half) * _exp2_bits(k - half)
+        e = fl + (q >= 2.0 ** (MBITS + 1) - 0.5).to(tl.int32) - EMAX
+    else:  # rceil, from the bits (quantize._rceil_exponent)
+        fa = fl - EMAX
+        threshold = tl.where(fa == -127, CMANT + 1, CMANT).to(tl.uint32)
+        e = fa + (mant > threshold).to(tl.int32)
+    return e
+
+
+@triton.jit
+def _block_amax(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """(amax bits, amax) per (TH, TW) block of the (BR, BC) float32 tile: (BR // TH, BC // TW)."""
+    bits = tl.reshape(x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF, (BR // TH, TH, BC // TW, TW))
+    amax_bits = tl.max(tl.max(bits, axis=3), axis=1)
+    return amax_bits, amax_bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
+                     BR: tl.constexpr, BC: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
+                     MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr):
+    """Codes (BR, BC) uint8 and per-block scales (BR // TH, BC // TW) of one side.
+
+    Scales come back as stored: uint8 e8m0 (MX), uint8 e4m3 codes (nvfp4), float32 (fp8 blocks)."""
+    amax_bits, amax = _block_amax(x, TH, TW, BR, BC)
+    bad = amax_bits >= 0x7F800000
+    x4 = tl.reshape(x, (BR // TH, TH, BC // TW, TW))
+    if KIND == "nvfp4":
+        # quantize._quantize_nvfp4: block scale e4m3(RN32(RN32(amax / 6) / ts)), elements
+        # RN32(x * (1 / RN32(scale * ts))) in float64, zero where that reciprocal is infinite.
+        ts64 = _widen(ts)
+        ts64 = tl.where(ts64 == 0, 1.0, ts64)
+        block_in = _rn32(_rn32(_widen(amax) / 6.0) / ts64)
+        scale_code = _encode(block_in.to(tl.float32), 3, -6, 0x43E00000, 8)
+        scale_code = tl.where(bad, 0x7F, scale_code).to(tl.uint8)
+        scale_value = scale_code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        denom = _rn32(scale_value.to(tl.float64) * ts64)
+        recip = 1.0 / denom
+        scaled = (x4.to(tl.float64) * recip[:, None, :, None]).to(tl.float32)
+        scaled = tl.where((tl.abs(recip) == float("inf"))[:, None, :, None], 0.0, scaled)
+        scales = scale_code
+    elif KIND == "fp8":
+        # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
+        # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
+        scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) / 448.0))
+        scale64 = tl.where(bad, float("nan"), scale64)
+        recip = 1.0 / scale64
+        scaled = (x4.to(tl.float64) * recip[:, None, :, None]).to(tl.float32)
+        scales = scale64.to(tl.float32)
+    else:
+        # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
+        e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
+        e = tl.where(amax == 0, -127, e)
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        factor = _exp2_bits(-tl.minimum(e, 126))
+        scaled = x4 * factor[:, None, :, None]
+        scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
+    codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+    return tl.reshape(codes, (BR, BC)), scales
+
+
+@triton.jit
+def _pack_pairs(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS) 4-bit codes -> (ROWS, COLS // 2) bytes, the even element in the low nibble."""
+    lo, hi = tl.split(tl.reshape(codes, (ROWS, COLS // 2, 2)))
+    return lo | (hi << 4)
+
+
+@triton.jit
+def _store_side(codes, scales, v_ptr, s_ptr, batch, r0, c0, OUTER: tl.constexpr, INNER: tl.constexpr,
+                S_OUTER: tl.constexpr, S_INNER: tl.constexpr, EPB: tl.constexpr, B_OUTER: tl.constexpr,
+                B_INNER: tl.constexpr, TO: tl.constexpr, TI: tl.constexpr):
+    """Stores a side already oriented as (B_OUTER, B_INNER) codes, quantized along the inner axis, into
+    values (OUTER, INNER / EPB) and scales (S_OUTER, S_INNER), both row-major per batch, masked to the
+    (padded) extents. r0 / c0: the tile's first outer / inner index."""
+    offs_o = r0 + tl.arange(0, B_OUTER)
+    if EPB == 2:
+        codes = _pack_pairs(codes, B_OUTER, B_INNER)
+    offs_i = c0 // EPB + tl.arange(0, B_INNER // EPB)
+    v_ptrs = v_ptr + batch * (OUTER * (INNER // EPB)) + offs_o[:, None].to(tl.int64) * (INNER // EPB) + offs_i[None, :]
+    tl.store(v_ptrs, codes, mask=(offs_o[:, None] < OUTER) & (offs_i[None, :] < INNER // EPB))
+    so = r0 // TO + tl.arange(0, B_OUTER // TO)
+    si = c0 // TI + tl.arange(0, B_INNER // TI)
+    s_ptrs = s_ptr + batch * (S_OUTER * S_INNER) + so[:, None].to(tl.int64) * S_INNER + si[None, :]
+    tl.store(s_ptrs, scales, mask=(so[:, None] < S_OUTER) & (si[None, :] < S_INNER))
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,  # jax-triton appends outputs last
+    R: tl.constexpr, C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+    # row side: quantized along C, blocks (R_TH, R_TW), padded C = R_CQ
+    R_KIND: tl.constexpr, R_ROUNDING: tl.constexpr, R_TH: tl.constexpr, R_TW: tl.constexpr,
+    R_CQ: tl.constexpr, R_EPB: tl.constexpr, R_MBITS: tl.constexpr, R_MIN_EXP: tl.constexpr,
+    R_MAX_BITS: tl.constexpr, R_NBITS: tl.constexpr, R_EMAX: tl.constexpr, R_CMANT: tl.constexpr,
+    # column side: quantized along R (stored transposed), blocks (C_TH, C_TW), padded R = C_RQ
+    C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr, C_TW: tl.constexpr,
+    C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
+    C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
+):
+    """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
+    C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
+    pointers are then unused one-element buffers)."""
+    pid_c = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    r0 = pid_r * BR
+    c0 = pid_c * BC
+    offs_r = r0 + tl.arange(0, BR)
+    offs_c = c0 + tl.arange(0, BC)
+    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
+    # Out-of-range elements read as zeros: the zero padding of the quantized axes, which leaves every
+    # block's amax as it is (quantize pads with zeros too).
+    x = tl.load(x_ptr + batch * (R * C) + offs_r[:, None].to(tl.int64) * C + offs_c[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    if R_KIND != "none":
+        codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS, R_MIN_EXP,
+                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT)
+        _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
+                    R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
+    if C_KIND != "none":
+        codes, scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC, C_MBITS, C_MIN_EXP,
+                                         C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
+        _store_side(tl.trans(codes), tl.trans(scales), cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ,
+                    triton.cdiv(C, C_TW), C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side: which formats a side supports, and the launch plan shared by the JAX and interpreter paths.
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One output of the kernel: `fmt` along the side's axis, MX `rounding`; None fmt = off."""
+
+    fmt: Optional[Format]
+    rounding: str = "rceil"
+
+
+def _bits_of(v: float) -> int:
+    return int(np.array(v, np.float32).view(np.uint32))
+
+
+def _tile(fmt: Format, column: bool) -> tuple[int, int]:
+    """The block as (TH, TW) in x's coordinates for the row (along C) or column (along R) side."""
+    if isinstance(fmt, BlockFP8Format):
+        rows, cols = fmt.tile
+    else:
+        rows, cols = 1, fmt.block
+    return (cols, rows) if column else (rows, cols)
+
+
+def supported_side(fmt: Optional[Format]) -> Optional[str]:
+    """None when the kernel takes `fmt`, else why not (the jnp quantizer runs instead)."""
+    if fmt is None or isinstance(fmt, (MXFormat, NVFP4Format)):
+        return None
+    if isinstance(fmt, BlockFP8Format):
+        rows, cols = fmt.tile
+        if any(d & (d - 1) for d in (rows, cols)):
+            return f"fp8_block tile {fmt.tile} is not a power of two in each dim (Triton block shapes are)"
+        if rows * cols > 256 * 256 or max(rows, cols) > 256:
+            return f"fp8_block tile {fmt.tile} is larger than 256 x 256"
+        return None
+    return f"no quantization kernel for {fmt!r}"
+
+
+def _side_constexprs(prefix: str, side: Side, extent: int) -> dict:
+    """The kernel's per-side constexprs; `extent` is the logical length of the side's quantized axis."""
+    fmt = side.fmt
+    if fmt is None:
+        values = dict(KIND="none", ROUNDING="none", TH=1, TW=1, EPB=1, MBITS=3, MIN_EXP=-6,
+                      MAX_BITS=0, NBITS=8, EMAX=8, CMANT=0)
+        values["RQ" if prefix == "C_" else "CQ"] = 1
+        return {prefix + k: v for k, v in values.items()}
+    column = prefix == "C_"
+    th, tw = _tile(fmt, column)
+    block = th if column else tw
+    elem = fmt.element
+    kind = "nvfp4" if isinstance(fmt, NVFP4Format) else "fp8" if isinstance(fmt, BlockFP8Format) else "mx"
+    values = dict(
+        KIND=kind, ROUNDING=side.rounding if kind == "mx" else "none", TH=th, TW=tw,
+        EPB=fmt.elements_per_byte, MBITS=elem.mbits, MIN_EXP=elem.min_normal_exp,
+        MAX_BITS=_bits_of(elem.max_normal), NBITS=elem.bits, EMAX=elem.emax,
+        CMANT=_bits_of(elem.max_normal) & 0x7FFFFF,
+    )
+    values["RQ" if column else "CQ"] = -(-extent // block) * block
+    return {prefix + k: v for k, v in values.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a launch needs: grid, warps, constexprs and the four output shapes/dtypes."""
+
+    grid: tuple[int, int, int]
+    num_warps: int
+    constexprs: dict
+    out_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]  # row values, row scales, col values, col scales
+
+
+def _scale_dtype(fmt: Format) -> np.dtype:
+    return np.dtype(np.float32) if isinstance(fmt, BlockFP8Format) else np.dtype(np.uint8)
+
+
+def plan(batch: int, r: int, c: int, row: Side, col: Side) -> Plan:
+    """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides."""
+    for side in (row, col):
+        why = supported_side(side.fmt)
+        if why:
+            raise ValueError(why)
+    heights = [_tile(s.fmt, s is col)[0] for s in (row, col) if s.fmt is not None]
+    widths = [_tile(s.fmt, s is col)[1] for s in (row, col) if s.fmt is not None]
+    # At least 64 x 64: enough bytes per program to stream; block dims are powers of two, so the largest
+    # height (width) is a multiple of every other one.
+    br = max([64] + heights)
+    bc = max([64] + widths)
+    elements = br * bc
+    num_warps = 4 if elements <= 64 * 64 else 8 if elements <= 128 * 128 else 16
+    ce = dict(R=r, C=c, BR=br, BC=bc, **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
+    shapes = []
+    for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
+        if side.fmt is None:
+            shapes += [((1,), np.dtype(np.uint8)), ((1,), np.dtype(np.uint8))]
+            continue
+        inner = ce[inner_key]
+        th, tw = ce[prefix + "TH"], ce[prefix + "TW"]
+        t_outer, t_inner = (tw, th) if prefix == "C_" else (th, tw)
+        shapes.append(((batch, outer, inner // side.fmt.elements_per_byte), np.dtype(np.uint8)))
+        shapes.append(((batch, -(-outer // t_outer), inner // t_inner), _scale_dtype(side.fmt)))
+    grid = (triton.cdiv(c, bc), triton.cdiv(r, br), batch)
+    return Plan(grid, num_warps, ce, tuple(shapes))
+

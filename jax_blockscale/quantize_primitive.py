@@ -1,0 +1,199 @@
+"""The quantization primitive: the jnp quantizer on CPU, the one-pass Triton kernel on a GPU.
+
+`quantize_pair(x, row_fmt, col_fmt)` returns, from one read of x (..., R, C),
+
+    row = quantize(x, row_fmt, axis=-1)                      # x along C (its last axis)
+    col = quantize(swapaxes(x, -1, -2), col_fmt, axis=-1)    # x along R, stored transposed
+
+either of which may be skipped (fmt None). Both are bit-identical to the jnp quantizer whatever runs:
+the `blockscaled_quantize` primitive lowers
+
+- on CPU, and in programs partitioned over several devices, to the jnp quantizer itself (so XLA's
+  sharding propagation sees ordinary HLO and never gathers x for a custom call);
+- on one CUDA device (or inside shard_map over every mesh axis) to `_triton/quantize_kernels.py`, whose
+  outputs the GPU tests compare bit for bit with the jnp quantizer run on the same GPU.
+
+nvfp4 sides take their tensor scale from the caller (`quantize.nvfp4_tensor_scale`, one reduction), so
+the kernel itself is one pass. vmap folds the mapped axis into the kernel's batch (one launch); a
+per-example nvfp4 tensor scale under vmap takes the jnp quantizer.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jcore
+from jax.interpreters import batching, mlir
+
+from .formats import BlockFP8Format, Format, NVFP4Format
+from .quantize import BlockScaledArray, quantize_jnp
+
+__all__ = ["quantize_pair", "kernel_path", "quantize_p"]
+
+quantize_p = jcore.Primitive("blockscaled_quantize")
+quantize_p.multiple_results = True
+
+# Set to False (at trace time) to run the jnp quantizer everywhere: for benchmarks that compare the two.
+USE_KERNEL = True
+
+
+def _sides(row, col):
+    from ._triton.quantize_kernels import Side
+
+    return Side(*row), Side(*col)
+
+
+def _plan(x_shape, row, col):
+    from ._triton.quantize_kernels import plan
+
+    b = int(np.prod(x_shape[:-2], dtype=np.int64))
+    return plan(b, x_shape[-2], x_shape[-1], *_sides(row, col))
+
+
+def _abstract_eval(x, ts, *, row, col):
+    del ts
+    p = _plan(x.shape, row, col)
+    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in p.out_shapes]
+
+
+quantize_p.def_abstract_eval(_abstract_eval)
+quantize_p.def_impl(functools.partial(jax._src.dispatch.apply_primitive, quantize_p))
+
+
+def _raw(q: Optional[BlockScaledArray], lead: int) -> tuple[jax.Array, jax.Array]:
+    """A BlockScaledArray's leaves as the kernel stores them: uint8 codes, (lead, rows, cols)."""
+    if q is None:
+        return jnp.zeros((1,), jnp.uint8), jnp.zeros((1,), jnp.uint8)
+    values, scales = q.values, q.scales
+    if values.dtype != jnp.uint8:
+        values = lax.bitcast_convert_type(values, jnp.uint8)
+    if scales.dtype == jnp.float8_e4m3fn:
+        scales = lax.bitcast_convert_type(scales, jnp.uint8)
+    return values.reshape((lead,) + values.shape[-2:]), scales.reshape((lead,) + scales.shape[-2:])
+
+
+def _reference(x, ts, *, row, col):
+    """The primitive's meaning, in jnp: the jnp quantizer on both sides, laid out as the kernel's outputs."""
+    lead = int(np.prod(x.shape[:-2], dtype=np.int64))
+    outs = []
+    for (fmt, rounding), xs, t in ((row, x, ts[0]), (col, jnp.swapaxes(x, -1, -2), ts[1])):
+        q = None
+        if fmt is not None:
+            tensor_scale = t if isinstance(fmt, NVFP4Format) else None
+            q = quantize_jnp(xs, fmt, axis=-1, rounding=rounding, tensor_scale=tensor_scale)
+        outs += _raw(q, lead)
+    return outs
+
+
+def _kernel_allowed(ctx) -> bool:
+    """One device, or shard_map's per-device body with every mesh axis manual."""
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, mlir.ShardingContext):
+        return axis_context.num_devices == 1
+    if isinstance(axis_context, mlir.SPMDAxisContext):
+        return set(axis_context.manual_axes) == set(axis_context.mesh.axis_names)
+    return False
+
+
+def _gpu_lowering(ctx, x, ts, *, row, col):
+    if not (USE_KERNEL and _kernel_allowed(ctx)):
+        return mlir.lower_fun(functools.partial(_reference, row=row, col=col), multiple_results=True)(ctx, x, ts)
+    return mlir.lower_fun(functools.partial(_launch, row=row, col=col, platform=ctx.module_context.platforms[0]),
+                          multiple_results=True)(ctx, x, ts)
+
+
+def _launch(x, ts, *, row, col, platform):
+    from ._triton import jt
+    from ._triton.quantize_kernels import quantize_kernel
+
+    p = _plan(x.shape, row, col)
+    x3 = x.reshape((-1,) + x.shape[-2:])
+    compute_capability = _compute_capability() if platform == "cuda" else None
+    outs = jt.call(
+        quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),
+        out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in p.out_shapes],
+        grid=p.grid, num_warps=p.num_warps, num_stages=1, compute_capability=compute_capability,
+        name="jbs_quantize", **p.constexprs,
+    )
+    return list(outs)
+
+
+def _compute_capability() -> Optional[int]:
+    try:
+        device = jax.devices("cuda")[0]
+    except RuntimeError:
+        return None  # lowering without a device: jax-triton's default
+    major, minor = str(device.compute_capability).split(".")[:2]
+    return int(major + minor)
+
+
+mlir.register_lowering(quantize_p, functools.partial(mlir.lower_fun(_reference, multiple_results=True)),
+                       platform="cpu")
+mlir.register_lowering(quantize_p, _gpu_lowering, platform="cuda")
+
+
+def _batching_rule(args, dims, *, row, col):
+    x, ts = args
+    dx, dts = dims
+    if dts is not None:  # per-example tensor scales: the jnp quantizer, vmapped
+        outs = jax.vmap(functools.partial(_vmapped_reference, row=row, col=col), in_axes=(dx, dts))(x, ts)
+        return outs, [0] * 4
+    x = jnp.moveaxis(x, dx, 0)
+    v = x.shape[0]
+    outs = quantize_p.bind(x, ts, row=row, col=col)
+    p = _plan(x.shape, row, col)
+    # The kernel's batch is the product of x's leading dims, mapped one first: split it back out.
+    result = []
+    for out, (shape, _) in zip(outs, p.out_shapes):
+        result.append(out.reshape((v, shape[0] // v) + shape[1:]) if shape != (1,) else jnp.broadcast_to(out, (v, 1)))
+    return result, [0] * 4
+
+
+def _vmapped_reference(x, ts, *, row, col):
+    return _reference(x, ts, row=row, col=col)
+
+
+batching.primitive_batchers[quantize_p] = _batching_rule
+
+
+def _cooked(values, scales, fmt: Format, lead_shape, length: int, ts) -> BlockScaledArray:
+    """Kernel outputs back as the BlockScaledArray `quantize` returns."""
+    values = values.reshape(lead_shape + values.shape[-2:])
+    scales = scales.reshape(lead_shape + scales.shape[-2:])
+    if fmt.element.bits == 8:
+        values = lax.bitcast_convert_type(values, fmt.element.jnp_dtype)
+    if isinstance(fmt, NVFP4Format):
+        scales = lax.bitcast_convert_type(scales, jnp.float8_e4m3fn)
+    return BlockScaledArray(values, scales, fmt, -1, length, ts if isinstance(fmt, NVFP4Format) else None)
+
+
+def kernel_path(fmt: Optional[Format]) -> Optional[str]:
+    """None when the fused kernel quantizes `fmt` on a GPU, else why the jnp quantizer runs there."""
+    from ._triton.quantize_kernels import supported_side
+
+    return supported_side(fmt)
+
+
+def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Format], *,
+                  rounding: str = "rceil", row_ts=None, col_ts=None):
+    """(quantize(x, row_fmt, axis=-1), quantize(swapaxes(x, -1, -2), col_fmt, axis=-1)) from one pass.
+
+    x: (..., R, C) float32/bfloat16/float16, R, C > 0; formats resolved (`formats.get_format`); MX sides
+    use `rounding`; nvfp4 sides use `row_ts` / `col_ts`, the float32 tensor scales (shape ()).
+    Returns a pair of BlockScaledArrays (None for a side whose format is None).
+    """
+    if x.ndim < 2:
+        raise ValueError(f"quantize_pair needs x of rank >= 2 (..., R, C), got shape {x.shape}")
+    one = jnp.ones((), jnp.float32)
+    ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
+                    jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
+    rv, rs, cv, cs = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding))
+    lead = x.shape[:-2]
+    row = None if row_fmt is None else _cooked(rv, rs, row_fmt, lead, x.shape[-1], row_ts)
+    col = None if col_fmt is None else _cooked(cv, cs, col_fmt, lead, x.shape[-2], col_ts)
+    return row, col
