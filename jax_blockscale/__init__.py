@@ -17,8 +17,9 @@ __all__ = [
 
 from .api import explain, explain_all, matmul, quantize_operand
 from .backends import detect_target
+from .quantize_primitive import quantize_with_transpose
 
-__all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand"]
+__all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand", "quantize_with_transpose"]
 
 from .dot_general import BlockScaledDotGeneral, dot_general
 from .recipes import RECIPE_NAMES, RECIPES, Recipe, get_recipe, quantize_weight, quantized_dense, recipe_matmul

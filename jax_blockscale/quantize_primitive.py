@@ -33,7 +33,7 @@ from jax.interpreters import batching, mlir
 from .formats import BlockFP8Format, Format, NVFP4Format
 from .quantize import BlockScaledArray, quantize_jnp
 
-__all__ = ["quantize_pair", "kernel_path", "quantize_p"]
+__all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p"]
 
 quantize_p = jcore.Primitive("blockscaled_quantize")
 quantize_p.multiple_results = True
@@ -197,3 +197,52 @@ def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[For
     row = None if row_fmt is None else _cooked(rv, rs, row_fmt, lead, x.shape[-1], row_ts)
     col = None if col_fmt is None else _cooked(cv, cs, col_fmt, lead, x.shape[-2], col_ts)
     return row, col
+
+
+def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = "rceil", block=None,
+                            t_block=None):
+    """`(quantize(x, fmt, axis=-1), quantize(swapaxes(x, -1, -2), t_fmt, axis=-1))` from one read of x.
+
+    What a training step needs for an operand that two GEMMs contract along different axes (x along K
+    for the forward GEMM, along M for the weight gradient): on a GPU one kernel writes both, the second
+    already transposed; elsewhere the jnp quantizer runs twice. Bit-identical to those two calls.
+
+    Args:
+      x: (..., R, C) float32/bfloat16/float16.
+      fmt, t_fmt: format names or objects for the row side (along C) and the transposed side (along R);
+        `t_fmt="same"` repeats `fmt`; either may be None to skip that side (returned as None).
+        `block` / `t_block` choose fp8_block tiles as in `jax_blockscale.quantize`.
+      rounding: MX scale rounding for both sides.
+    Returns:
+      (BlockScaledArray or None, BlockScaledArray or None); the second has shape (..., C, R).
+    """
+    from .formats import get_format
+
+    x = jnp.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"quantize_with_transpose needs x of rank >= 2 (..., R, C), got shape {x.shape}")
+    if t_fmt == "same":
+        t_fmt, t_block = fmt, block if t_block is None else t_block
+    row = None if fmt is None else get_format(fmt, block=block)
+    col = None if t_fmt is None else get_format(t_fmt, block=t_block)
+    return quantize_sides(x, row, col, rounding)
+
+
+def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str):
+    """`quantize_with_transpose` for resolved formats: the fused pair where it applies, else two jnp calls
+    (a format the kernel does not take, an empty input, Explicit-axis sharding)."""
+    from . import _explicit
+    from .api import quantize_operand
+    from .quantize import nvfp4_tensor_scale
+
+    if row is None and col is None:
+        return None, None
+    xt = jnp.swapaxes(x, -1, -2)
+    fused = (USE_KERNEL and x.size > 0 and kernel_path(row) is None and kernel_path(col) is None
+             and _explicit.explicit_sharding(x) is None)
+    if not fused:
+        return (None if row is None else quantize_operand(x, row, side="a", rounding=rounding),
+                None if col is None else quantize_operand(xt, col, side="a", rounding=rounding))
+    row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
+    col_ts = nvfp4_tensor_scale(xt) if isinstance(col, NVFP4Format) else None
+    return quantize_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)

@@ -53,6 +53,7 @@ from . import _explicit
 from .api import matmul, quantize_operand
 from .formats import DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, format_family, format_for_side
 from .quantize import ROUNDING_MODES, BlockScaledArray
+from .quantize_primitive import quantize_sides
 
 __all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
            "quantized_dense", "quantize_weight"]
@@ -212,25 +213,36 @@ def _core(x: jax.Array, w, s: _Static) -> jax.Array:
 def _core_fwd(x, w, s: _Static):
     r = s.recipe
     frozen = isinstance(w, BlockScaledArray)
-    # Residuals in the form the backward GEMMs read, quantized where the recipe quantizes them.
-    # wgrad's x^T (K, M) along M is needed only when W is trainable.
-    x_res = None if frozen else (_quantize(_t(x), r.wgrad[1], r.rounding) if r.wgrad[1] else x)
-    # dgrad's W^T (K, N) along N; a dense or frozen W is kept as it is (a parameter, or already compact).
-    w_res = _quantize(_t(_dense(w)), r.dgrad[1], r.rounding) if r.dgrad[1] else w
-    return _core(x, w, s), (x_res, w_res)
+    # Each operand is read once for both of its layouts: x along K (fprop) and x^T along M (wgrad, only
+    # when W trains); W along K (fprop) and W^T along N (dgrad). The transposed quantizations are the
+    # residuals, so the backward neither re-reads nor transposes x or W (quantize_sides: one kernel on a
+    # GPU). Dense sides (the recipe keeps them in high precision) stay as they are.
+    qx, xt = quantize_sides(x, r.fprop[0], None if frozen else r.wgrad[1], r.rounding)
+    x_res = None if frozen else (xt if r.wgrad[1] else x)
+    if frozen:
+        # A pre-quantized weight: W^T along N from its dequantized values (serving, fine-tuning x only).
+        qw, w_res = w, (_quantize(_t(_dense(w)), r.dgrad[1], r.rounding) if r.dgrad[1] else w)
+    else:
+        qw, wt = quantize_sides(w, r.fprop[1], r.dgrad[1], r.rounding)
+        w_res = wt if r.dgrad[1] else w
+    out = _gemm(x if qx is None else qx, w if qw is None else qw, s.out_dtype)
+    return out, (x_res, w_res)
 
 
 def _core_bwd(s: _Static, res, g):
     r = s.recipe
     x_res, w_res = res
+    frozen = s.w_dtype is None
+    # dy along N (dgrad) and dy^T along M (wgrad) from one read of dy.
+    qg, gt = quantize_sides(g, r.dgrad[0], None if frozen else r.wgrad[0], r.rounding)
     # dgrad: dx (M, K) = dy (M, N) . W^T (K, N)
     wt = w_res if r.dgrad[1] else _t(_dense(w_res, s.x_dtype))
-    dx = _gemm(_quantize(g, r.dgrad[0], r.rounding), wt, s.x_dtype, s.x_sharding)
-    if s.w_dtype is None:
+    dx = _gemm(g if qg is None else qg, wt, s.x_dtype, s.x_sharding)
+    if frozen:
         return dx, None
     # wgrad: dW (N, K) = dy^T (N, M) . x^T (K, M)
     xt = x_res if r.wgrad[1] else _t(x_res)
-    dw = _gemm(_quantize(_t(g), r.wgrad[0], r.rounding), xt, s.w_dtype, s.w_sharding)
+    dw = _gemm(_t(g) if gt is None else gt, xt, s.w_dtype, s.w_sharding)
     return dx, dw
 
 

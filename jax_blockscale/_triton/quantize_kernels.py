@@ -68,6 +68,16 @@ def _encode(x, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_BITS: tl.constexp
 
 
 @triton.jit
+def _e4m3_value(code):
+    """e4m3fn code (uint8) -> float32, NaN for 0x7F / 0xFF; from the bits: the exponent and mantissa
+    fields drop into float32's, so one multiply by 2**(127 - 7) rescales normals and subnormals alike
+    (as upcast.minifloat_to_f32). Not a float8 conversion: its NaN handling differs between backends."""
+    c = code.to(tl.uint32)
+    value = (((c & 0x7F) << 20) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True) * (2.0 ** 120)
+    return tl.where((c & 0x7F) == 0x7F, float("nan"), value)
+
+
+@triton.jit
 def _rn32(v):
     """float64 v rounded to the nearest float32 value, as XLA's reduce_precision(8, 23) does it: RNE on
     the mantissa in float64's own range, then values below 2**-126 flush to signed zero and values past
@@ -142,7 +152,7 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         block_in = _rn32(_rn32(_widen(amax) / 6.0) / ts64)
         scale_code = _encode(block_in.to(tl.float32), 3, -6, 0x43E00000, 8)
         scale_code = tl.where(bad, 0x7F, scale_code).to(tl.uint8)
-        scale_value = scale_code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        scale_value = _e4m3_value(scale_code)
         denom = _rn32(scale_value.to(tl.float64) * ts64)
         recip = 1.0 / denom
         scaled = (x4.to(tl.float64) * recip[:, None, :, None]).to(tl.float32)

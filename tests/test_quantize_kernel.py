@@ -1,0 +1,60 @@
+"""The one-pass quantization kernel against the jnp quantizer, bit for bit, on the CPU.
+
+The kernel runs in Triton's interpreter (numpy, IEEE without flush to zero) in a subprocess, since the
+interpreter must be chosen before triton.language is imported; inputs hold every special value except
+float32 subnormals, which XLA:CPU flushes (tests/test_gpu_quantize.py covers those on a GPU, where both
+keep them). Each case checks the row side (along C) and the transposed column side (along R) together.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+HERE = pathlib.Path(__file__).parent
+
+MX = ["mxfp8", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4"]
+CASES = []
+seed = 0
+for rounding in ("floor", "ceil", "even", "rceil"):
+    for i, name in enumerate(MX):
+        seed += 1
+        col = MX[(i + 1) % len(MX)]
+        CASES.append(dict(row=[name, None], col=[col, None], rounding=rounding, dtype=["f32", "bf16", "f16"][seed % 3],
+                          shape=[2, 72, 150], seed=seed))
+CASES += [
+    dict(row=["nvfp4", None], col=["mxfp8", None], rounding="rceil", dtype="bf16", shape=[3, 40, 100], seed=101),
+    dict(row=["nvfp4", None], col=["nvfp4", None], rounding="rceil", dtype="f32", shape=[64, 96], seed=102),
+    dict(row=["nvfp4", None], col=None, rounding="rceil", dtype="f16", shape=[5, 48], seed=103),
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [128, 128]], rounding="rceil", dtype="bf16",
+         shape=[200, 300], seed=104),
+    dict(row=["fp8_block", [128, 128]], col=["fp8_block", [128, 128]], rounding="rceil", dtype="f32",
+         shape=[130, 260], seed=105),
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [1, 128]], rounding="rceil", dtype="f32",
+         shape=[2, 129, 131], seed=106),
+    dict(row=["fp8_block", [256, 256]], col=None, rounding="rceil", dtype="bf16", shape=[300, 270], seed=107),
+    dict(row=None, col=["mxfp4", None], rounding="rceil", dtype="bf16", shape=[33, 64], seed=108),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(HERE / "_quantize_kernel_check.py"), json.dumps(CASES)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("index", range(len(CASES)),
+                         ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
+                              for c in CASES])
+def test_kernel_matches_jnp_quantizer_bitwise(results, index):
+    result = results[index]
+    assert result["case"] == CASES[index]
+    assert result["mismatches"] == [0, 0, 0, 0], result
