@@ -126,8 +126,8 @@ mlir.register_lowering(triton_call_p, _rocm_lowering, platform="rocm")
 
 
 def lowered_kernels(lowered) -> list[bytes]:
-    """The serialized kernel calls of every Triton custom call in a `jax.jit(...).lower()`: PTX inside for
-    `cuda`, the hsaco file's path for `rocm` (`lowered_amdgcn` reads its assembly).
+    """The serialized kernel calls of every Triton custom call in a `jax.jit(...).lower()` or an MLIR
+    module: PTX inside for `cuda`, the hsaco file's path for `rocm` (`lowered_amdgcn` reads its assembly).
 
     Lets CPU tests check the instructions of a lowered program without a GPU.
     """
@@ -143,10 +143,12 @@ def lowered_kernels(lowered) -> list[bytes]:
                         found.append(zlib.decompress(bytes(inner.attributes["backend_config"].value_bytes)))
                     walk(inner.operation)
 
-    walk(lowered.compiler_ir("stablehlo").operation)
+    # A jax `Lowered`, or an MLIR module (e.g. the per-device program a partitioning callback built).
+    module = lowered.compiler_ir("stablehlo") if hasattr(lowered, "compiler_ir") else lowered
+    walk(module.operation)
     return found
 
 
 def lowered_amdgcn(lowered) -> list[str]:
-    """The AMDGCN of every Triton custom call in a program lowered for `rocm` in this process."""
+    """The AMDGCN of every Triton custom call in a program (or module) lowered for `rocm` in this process."""
     return [launch.hip_assembly(k) for k in lowered_kernels(lowered)]
