@@ -215,3 +215,53 @@ def test_partitioned_program_on_cpu_mesh(target, monkeypatch):
     _check_native(target, "mx", asm)
     # The kernel works on the local blocks: 128 rows of a, K = 512 / 4 (padded to 256 for the kernel).
     assert re.search(r"tensor<128x128xf8E4M3FN>", text), "a's local block is not the kernel's operand"
+
+
+def _fields(message: bytes) -> list[tuple[int, object]]:
+    """(field number, value) of a protobuf message: varints as ints, length-delimited as bytes."""
+    def varint(i):
+        value = shift = 0
+        while True:
+            byte = message[i]
+            value |= (byte & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if byte < 0x80:
+                return value, i
+    out, i = [], 0
+    while i < len(message):
+        key, i = varint(i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = varint(i)
+        elif wire == 2:
+            size, i = varint(i)
+            value, i = message[i:i + size], i + size
+        else:  # pragma: no cover - jaxlib's call has no fixed-width fields here
+            raise AssertionError(f"unexpected wire type {wire}")
+        out.append((number, value))
+    return out
+
+
+def test_rocm_call_is_what_jaxlibs_hip_runtime_loads():
+    """jaxlib's TritonAnyKernelCall (jaxlib/gpu/triton.proto): the kernel's `ptx` field is the path of an
+    hsaco ELF for gfx950 (the HIP runtime reads and loads it), with the launcher's warps and grid and one
+    pointer per operand and result."""
+    from jax_blockscale._triton import dot_scaled_cdna4 as cdna4, launch
+    from jax_blockscale._triton.problem import GemmProblem
+
+    a, b = _q((100, 512), "mxfp8", "a"), _q((192, 512), "mxfp8", "b")
+    (call,) = jt.lowered_kernels(_lower(lambda a, b: jb.matmul(a, b, target="gfx950"), a, b, target="gfx950"))
+    kernel_call = dict(_fields(call))[1]
+    fields = _fields(kernel_call)
+    kernel = dict(_fields(dict(fields)[1]))
+    path = kernel[4].decode()
+    with open(path, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+    assert "amdgcn-amd-amdhsa--gfx950" in launch.hip_assembly(call)
+    assert kernel[1] == b"scaled_gemm_kernel_cdna4"
+    p = GemmProblem(1, False, 100, 192, 512, "e4m3", "e4m3", "bf16")
+    config = cdna4.default_config(p)
+    assert kernel[2] == config.num_warps
+    grid = tuple(dict(fields).get(n, 0) for n in (2, 3, 4))
+    assert grid == cdna4.grid(p, config)
+    assert sum(1 for n, _ in fields if n == 5) == 6  # a, a scales, b, b scales, alpha, out

@@ -64,6 +64,8 @@ def jax_triton():
 
 triton_call_p = Primitive("jax_blockscale_triton_call")
 triton_call_p.multiple_results = True
+# Outside jit (a launcher called eagerly), as jax-triton's primitive: compiled and run as its own program.
+triton_call_p.def_impl(functools.partial(jax._src.dispatch.apply_primitive, triton_call_p))
 
 
 @triton_call_p.def_abstract_eval
