@@ -22,7 +22,7 @@ from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
 from . import backends, reference
-from ._triton import configs
+from ._triton import configs, jt
 from ._triton.problem import DTYPE_NAMES, ELEMENTS_PER_BYTE, GemmProblem, TileConfig
 from .formats import Format
 from .quantize import BlockScaledArray, dequantize
@@ -172,7 +172,9 @@ def _gpu_lowering(ctx, *args, target, **params):
     own = device is not None and backends.detect_target(device) == backends._normalize_target(target)
     fn = functools.partial(_kernel_impl, target=target, compute_capability=_compute_capability(target),
                            device_kind=device.device_kind if own else None, **params)
-    return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+    # The kernels' ROCm lowering takes the architecture from here, not from a device (there may be none).
+    with jt.lowering_target(backends._normalize_target(target)):
+        return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
 def _lowering_device(ctx) -> Optional[jax.Device]:

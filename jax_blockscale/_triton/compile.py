@@ -8,7 +8,27 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax.numpy as jnp
+
 TARGETS = ("sm_90", "sm_100", "gfx950")
+
+# Triton's names for the element types of pointer arguments (as jax-triton names them).
+_TRITON_TYPES = {
+    jnp.dtype(jnp.bfloat16): "*bf16",
+    jnp.dtype(jnp.float16): "*fp16",
+    jnp.dtype(jnp.float32): "*fp32",
+    jnp.dtype(jnp.float8_e4m3fn): "*fp8e4nv",
+    jnp.dtype(jnp.float8_e5m2): "*fp8e5",
+    jnp.dtype(jnp.uint8): "*u8",
+    jnp.dtype(jnp.int8): "*i8",
+    jnp.dtype(jnp.int32): "*i32",
+    jnp.dtype(jnp.uint32): "*u32",
+}
+
+
+def triton_pointer_type(dtype) -> str:
+    """The Triton signature string for a pointer to `dtype`."""
+    return _TRITON_TYPES[jnp.dtype(dtype)]
 
 
 def gpu_target(target: str):
