@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Optional, Union
 
 import jax
@@ -226,11 +227,16 @@ def matmul(
     return _matmul(a, b, s)
 
 
-def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optional[str] = None) -> backends.Choice:
+def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optional[str] = None,
+            rows: Optional[int] = None) -> backends.Choice:
     """Which path runs for this pair: `Choice(target, path, kernel, why)`, path one of native / upcast /
-    reference. `a`/`b` are operands or format names ("mxfp8", "nvfp4", "bf16", ...)."""
+    reference. `a`/`b` are operands or format names ("mxfp8", "nvfp4", "bf16", ...). `rows`: activation
+    rows (batch * M) against an unbatched weight, which can pick a decode kernel; by default the rows of
+    `a` when `a` and `b` are unbatched operands, else a large problem."""
     kinds = [_kind_of(x, side) for x, side in ((a, "a"), (b, "b"))]
-    return backends.choose(target or backends.detect_target(), *kinds)
+    if rows is None and hasattr(a, "shape") and hasattr(b, "shape") and len(b.shape) == 2:
+        rows = math.prod(a.shape[:-1])
+    return backends.choose(target or backends.detect_target(), *kinds, rows=rows)
 
 
 def _kind_of(x, side: str) -> str:
@@ -255,4 +261,7 @@ def explain_all(target: Optional[str] = None) -> str:
     for a, b in _EXPLAIN_PAIRS:
         c = explain(a, b, target=target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
+    decode = explain("bf16", "mxfp4", target=target, rows=backends.DECODE_MAX_ROWS)
+    lines.append(f"  decode, <= {backends.DECODE_MAX_ROWS} rows x one weight (explain(..., rows=M)): "
+                 f"{decode.kernel or decode.path}")
     return "\n".join(lines)

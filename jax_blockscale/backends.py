@@ -30,6 +30,9 @@ class KernelEntry:
     pairs: frozenset  # (a_kind, b_kind)
     path: str  # "native" | "upcast"
     why: str
+    # Only for at most this many activation rows (batch * M) against an unbatched weight (decode kernels);
+    # None: any problem.
+    max_rows: Optional[int] = None
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
@@ -39,11 +42,22 @@ _UPCAST_PAIRS = frozenset(
     pair for pair in _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)} if "fp16" not in pair
 )
 _BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
+# The decode kernel (_triton/decode.py): every weight kind with bf16 activations or the quantized kinds
+# that pair with it. Kept here (not imported from the kernel module) so dispatch needs no triton.
+_WEIGHT_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8)
+_DECODE_PAIRS = frozenset(
+    {("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
+)
+DECODE_MAX_ROWS = 64
+_DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
+               "registers, split-K reduced in the same kernel (one launch)")
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
 # fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
 KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     "sm_100": (
+        KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 tcgen05.mma kind::f16",
+                    max_rows=DECODE_MAX_ROWS),
         KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",
                     "tl.dot_scaled lowers to tcgen05.mma block_scale (mxf8f6f4 / mxf4 / mxf4nvf4)"),
         KernelEntry("dot_scaled_nvidia", _DENSE_X_MX - {(d, NVFP4) for d in DENSE_KINDS}, "upcast",
@@ -54,12 +68,16 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "decoded to bf16 in registers before a bf16 MMA"),
     ),
     "sm_90": (
+        KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",
+                    max_rows=DECODE_MAX_ROWS),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "Hopper has no block-scaled MMA: decoded to bf16 in registers before a bf16 wgmma"),
     ),
     "gfx950": (
+        KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 MFMA or FMAs",
+                    max_rows=DECODE_MAX_ROWS),
         KernelEntry("dot_scaled_cdna4", _MX_PAIRS, "native",
                     "tl.dot_scaled lowers to v_mfma_scale_f32_*_f8f6f4 with pre-shuffled scales"),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
@@ -112,12 +130,17 @@ def detect_target(device: jax.Device | None = None) -> str:
     return f"{device.platform}:{kind or 'unknown'}"
 
 
-def choose(target: str, a_kind: str, b_kind: str) -> Choice:
-    """The dispatch decision for one target and operand pair; never raises for a known pair."""
+def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None) -> Choice:
+    """The dispatch decision for one target and operand pair; never raises for a known pair.
+
+    `rows`: activation rows (batch * M) when the weight is unbatched, else None; entries with `max_rows`
+    (decode kernels) apply only when it is given and within their limit."""
     target = _normalize_target(target)
     if target == "cpu":
         return Choice(target, "reference", None, "CPU: the jnp reference (dequantize + fp32 dot) runs")
     for entry in KERNEL_TABLE.get(target, ()):
+        if entry.max_rows is not None and (rows is None or rows > entry.max_rows):
+            continue
         if (a_kind, b_kind) in entry.pairs:
             return Choice(target, entry.path, entry.module, entry.why)
     if target not in KERNEL_TABLE:

@@ -106,16 +106,17 @@ def _pad_last_to(x: jax.Array, size: int) -> jax.Array:
 def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, target, config,
                  compute_capability, device_kind=None):
     """GPU path: canonicalize to the launcher contract (`_triton/problem.py`) and launch."""
-    choice = backends.choose(target, a.kind, b.kind)
-    if choice.path == "reference":
-        return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
-                              out_dtype=out_dtype)
-    launcher = choice.load()
     a_batch, b_batch = _batch_shapes(a_values, b_values)
     batch = jnp.broadcast_shapes(a_batch, b_batch)
     m, n = a_values.shape[-2], b_values.shape[-2]
     b_batched = any(d != 1 for d in b_batch)
     nb = int(np.prod(batch, dtype=np.int64))
+    # Decode kernels apply to few activation rows against one (unbatched) weight.
+    choice = backends.choose(target, a.kind, b.kind, rows=None if b_batched else nb * m)
+    if choice.path == "reference":
+        return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
+                              out_dtype=out_dtype)
+    launcher = choice.load()
 
     def flat(x, lead):
         return x.reshape((lead,) + x.shape[len(x.shape) - 2:])
@@ -142,12 +143,19 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
         b_scales = _pad_last_to(b_scales, k_padded // b.fmt.block)
 
     scalar_alpha = a_ts.ndim == 0 and b_ts.ndim == 0
-    alpha = (a_ts * b_ts).astype(jnp.float32).reshape(1) if scalar_alpha else jnp.ones((1,), jnp.float32)
     p = GemmProblem(batch=nb, b_batched=b_batched, m=m, n=n, k=k_padded, a_kind=a.kind, b_kind=b.kind,
                     out_dtype=DTYPE_NAMES[jnp.dtype(out_dtype)])
     cfg = config or configs.select(choice.kernel, launcher, p, target, device_kind)
-    out = launcher.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=cfg,
-                          compute_capability=compute_capability)
+    if choice.kernel == "decode":
+        # The tensor scales go in as they are and are multiplied in the kernel: no XLA multiply kernel.
+        ones = jnp.ones((1,), jnp.float32)
+        ts = (a_ts, b_ts) if scalar_alpha else (ones, ones)
+        out = launcher.launch(p, a_values, a_scales, b_values, b_scales, ones, config=cfg,
+                              compute_capability=compute_capability, a_ts=ts[0], b_ts=ts[1])
+    else:
+        alpha = (a_ts * b_ts).astype(jnp.float32).reshape(1) if scalar_alpha else jnp.ones((1,), jnp.float32)
+        out = launcher.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=cfg,
+                              compute_capability=compute_capability)
     out = out.reshape(batch + (m, n))
     if not scalar_alpha:
         ts = jnp.broadcast_to(a_ts, batch) * jnp.broadcast_to(b_ts, batch)

@@ -81,6 +81,12 @@ class TileConfig:
     # weight as the MMA's M side, block_fp8.run_gemm).
     tma: bool = False
     swap_ab: bool = False
+    # Decode kernel variants (decode.py; ignored elsewhere): CUDA-core FMAs instead of the swapped MMA,
+    # fp32 atomics for split-K (not bitwise deterministic) instead of the ordered workspace reduction, and
+    # the inline-PTX fp4 decode on NVIDIA targets.
+    fma: bool = False
+    atomic_split_k: bool = False
+    asm_decode: bool = True
 
     def replace(self, **changes) -> "TileConfig":
         return dataclasses.replace(self, **changes)

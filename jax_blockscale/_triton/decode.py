@@ -1,0 +1,326 @@
+"""Decode GEMM: few activation rows (M <= 64) times one unbatched weight, one kernel per matmul.
+
+At decode a matmul streams its weight once and does little arithmetic per byte, so the kernel is built
+around the weight read:
+
+- Grid: (N tiles of BLOCK_N weight rows, SPLIT_K). Every program reads a contiguous (BLOCK_N, K/SPLIT_K)
+  strip of the weight in (BLOCK_N, BLOCK_K) tiles whose rows are whole 16-byte vectors (fp4: BLOCK_K = 256
+  codes = 128 bytes per row), pipelined `num_stages` deep, and all M activation rows (tiny, L2-resident).
+- The weight is decoded in registers. fp4 on NVIDIA: one inline-PTX sequence per 4 packed bytes (below),
+  two bit operations and two packed bf16 multiplies per pair of elements; the fp32 decode of `upcast.py`
+  elsewhere (gfx950, fp6, fp8, and `config.asm_decode=False`).
+- Two compute variants (`config.fma`): (a) the swapped MMA — the weight tile is the dot's M side (64 rows
+  fill one wgmma), the activations padded to BLOCK_M >= 16 rows its N side; (b) CUDA-core FMAs — a
+  broadcast multiply and a sum over K, no padding of M, for M of a few rows. Which is faster at which M is
+  to be measured (`benchmarks/decode.py --variants`); the heuristic default uses FMAs for M <= 4.
+- Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
+  partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
+  SPLIT_K - 1 sums the partials in split order 0..SPLIT_K-1, applies alpha, casts and stores. Which
+  program finishes last varies, the summation order does not. `config.atomic_split_k`: fp32 atomics into
+  a zeroed accumulator instead (no workspace read-back, run-to-run results may differ in the last bits).
+- Counters (and the atomic accumulator) must start at zero. They are outputs of the custom call listed in
+  jax-triton's `zeroed_outputs`: the jaxlib Triton custom call itself issues a cudaMemsetAsync on them
+  before the launch. In a profile that is one Memset activity of 4 bytes per N tile next to the kernel;
+  there is no XLA kernel. A counter that resets itself at the end of a call would need a buffer that
+  persists across calls, which XLA's functional buffers do not give. With SPLIT_K = 1 there is neither
+  memset nor workspace.
+- Tensor scales (nvfp4) arrive as two scalar pointers multiplied in the kernel, so no XLA multiply runs;
+  dense activations get no scale operand at all (the primitive's dummy scales are dead code then).
+
+Exactness as in `upcast.py`: every decoded element times its power-of-two (or e4m3) scale is exact in
+bf16. block_fp8 weights: the e4m3 codes are exact in bf16, and each 128-wide K tile's fp32 product is
+multiplied by the weight tile's and the activation group's fp32 scales (DeepSeek's promotion interval),
+with a bf16 (not fp8) MMA, so nothing is truncated within a block.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+from . import jt
+from .block_fp8 import OUT_DTYPES, check_operands
+from .problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
+from .upcast import load_operand, load_scales
+
+# Weight kinds x the activation kinds that pair with them (fp16 activations take the reference, as in
+# upcast: the bf16 MMA would round them).
+WEIGHT_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8)
+SUPPORTED: frozenset[tuple[str, str]] = frozenset(
+    {("bf16", w) for w in WEIGHT_KINDS}
+    | {(a, w) for a in MX_KINDS for w in MX_KINDS}
+    | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
+)
+MAX_ROWS = 64
+_FMA_MAX_ROWS = 4  # heuristic, to be measured: below it the padded MMA wastes >= 75% of its N side
+_TYPICAL_SM_COUNT = 132
+_INT32_LIMIT = 2**31
+
+# bf16x2 constants of the fp4 decode: 2**126 (exponent field 253) and -0.0 (the fma's exact addend).
+_BF16X2_2_126 = "0x7E807E80"
+_BF16X2_NEG0 = "0x80008000"
+
+
+def _fp4_pair_ptx() -> str:
+    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their (equal) bf16 scale
+    pair in $5/$6 -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble elements in $2,$3.
+
+    prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart. For each half-word
+    the code's exponent and mantissa bits (e1 e0 m) drop into bf16 bits 8..6 and its sign into bit 15: a
+    normal code then reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m,
+    so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
+    bf16 fma keeps subnormals (no .ftz form exists).
+    """
+    def pair(dst: str, shift: int) -> str:
+        return (f"shr.b32 t, q, {shift};\n"
+                "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
+                "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
+                "or.b32 a, a, b;\n"
+                "fma.rn.bf16x2 a, a, k, z;\n"
+                f"fma.rn.bf16x2 {dst}, a, $5, z;\n")
+    # bf16x2 fma takes no immediates: the constants go through registers.
+    return ("{\n.reg .b32 q, t, a, b, k, z;\n"
+            f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
+            "prmt.b32 q, $4, 0, 0x3120;\n"
+            + pair("$0", 0) + pair("$1", 8) + pair("$2", 4) + pair("$3", 12) + "}")
+
+
+_FP4_PTX = tl.constexpr(_fp4_pair_ptx())
+
+
+@triton.jit
+def e8m0_to_bf16(code):
+    """2**(code - 127) as bf16 bits (bf16 has fp32's exponent): 0 -> the subnormal 2**-127, 0xFF -> NaN."""
+    c = code.to(tl.uint16)
+    bits = tl.where(c == 0, 0x0040, tl.where(c == 0xFF, 0x7FC0, c << 7)).to(tl.uint16)
+    return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def load_fp4_weight_asm(w_ptr, s_ptr, rows, k0, K: tl.constexpr, KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A (rows, BLOCK_K) fp4 weight tile decoded by inline PTX, scales applied, as bf16. Loaded as
+    (rows, groups, bytes per group), so each row's group is one contiguous 16-byte (mxfp4) or 8-byte
+    (nvfp4) vector and its scale broadcasts along the last axis."""
+    R: tl.constexpr = rows.shape[0]
+    GROUP: tl.constexpr = 16 if KIND == "nvfp4" else 32
+    G: tl.constexpr = BLOCK_K // GROUP
+    BPG: tl.constexpr = GROUP // 2
+    offs_g = k0 // GROUP + tl.arange(0, G)
+    offs_b = tl.arange(0, BPG)
+    ptrs = (w_ptr + rows[:, None, None] * (K // 2) + offs_g[None, :, None] * BPG + offs_b[None, None, :])
+    packed = tl.load(ptrs)
+    raw_s = tl.load(s_ptr + rows[:, None, None] * (K // GROUP) + offs_g[None, :, None])
+    if KIND == "nvfp4":
+        s = raw_s.to(tl.bfloat16)
+    else:
+        s = e8m0_to_bf16(raw_s)
+    s = tl.broadcast_to(s, (R, G, BPG))
+    lo, hi = tl.inline_asm_elementwise(
+        _FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.reshape(tl.join(lo, hi), (R, BLOCK_K))
+
+
+@triton.jit
+def load_weight(w_ptr, s_ptr, rows, k0, K: tl.constexpr, KIND: tl.constexpr, BLOCK_K: tl.constexpr,
+                ASM: tl.constexpr):
+    """The (rows, BLOCK_K) weight tile at k0 as bf16: scaled except block_fp8 (scaled after the dot)."""
+    if KIND == "block_fp8":
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :]).to(tl.bfloat16)
+    elif ASM and (KIND == "e2m1" or KIND == "nvfp4"):
+        w = load_fp4_weight_asm(w_ptr, s_ptr, rows, k0, K, KIND, BLOCK_K)
+    else:
+        s = load_scales(s_ptr, rows, k0, K, KIND, BLOCK_K, True)
+        w = load_operand(w_ptr, s, rows, k0, K, KIND, BLOCK_K, True, False)
+    return w
+
+
+@triton.jit
+def load_activations(x_ptr, s_ptr, rows, k0, K: tl.constexpr, KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (rows, BLOCK_K) activation tile at k0 as bf16 (block_fp8: unscaled codes)."""
+    if KIND == "block_fp8" or KIND == "bf16":
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * K + offs_k[None, :]).to(tl.bfloat16)
+    else:
+        s = load_scales(s_ptr, rows, k0, K, KIND, BLOCK_K, True)
+        x = load_operand(x_ptr, s, rows, k0, K, KIND, BLOCK_K, True, False)
+    return x
+
+
+@triton.jit
+def decode_kernel(
+    w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr,  # inputs
+    out_ptr, ws_ptr, count_ptr,  # outputs (jax-triton appends them after the inputs)
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, FMA: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr, WIDE: tl.constexpr,
+):
+    """out (M, N) = ts_a * ts_b * decode(x) (M, K) @ decode(w).T, w (N, K / epb) the weight.
+
+    ws: the split-K workspace, (SPLIT_K, M, N) fp32 partials (deterministic) or a zeroed (M, N) fp32
+    accumulator (ATOMIC); count: cdiv(N, BLOCK_N) zeroed int32 counters. Both unused when SPLIT_K == 1.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    # Out-of-range rows read a valid row (unmasked loads vectorize); the store mask drops their results.
+    rows_w = offs_n % N
+    rows_x = offs_m % M
+    if WIDE:
+        rows_w = rows_w.to(tl.int64)
+
+    K_TILES: tl.constexpr = K // BLOCK_K
+    PER_SPLIT: tl.constexpr = triton.cdiv(K_TILES, SPLIT_K)
+    k_begin = pid_k * PER_SPLIT
+    k_end = tl.minimum(k_begin + PER_SPLIT, K_TILES)
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in range(k_begin, k_end):
+        k0 = kt * BLOCK_K
+        w = load_weight(w_ptr, w_scale_ptr, rows_w, k0, K, W_KIND, BLOCK_K, ASM)
+        x = load_activations(x_ptr, x_scale_ptr, rows_x, k0, K, X_KIND, BLOCK_K)
+        if FMA:
+            part = tl.sum(w.to(tl.float32)[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)
+        else:
+            part = tl.dot(w, tl.trans(x), out_dtype=tl.float32)
+        if W_KIND == "block_fp8":
+            # 128 x 128 weight tiles: BLOCK_N divides 128 or is a multiple, one scale per weight row here.
+            w_s = tl.load(w_scale_ptr + (rows_w // 128) * (K // 128) + k0 // 128)
+            x_s = tl.load(x_scale_ptr + rows_x * (K // 128) + k0 // 128)
+            acc += part * w_s[:, None] * x_s[None, :]
+        else:
+            acc += part
+
+    alpha = tl.load(a_ts_ptr) * tl.load(b_ts_ptr)
+    out_ptrs = out_ptr + offs_m[None, :] * N + offs_n[:, None]
+    mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        if ATOMIC:
+            ws_tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+            tl.atomic_add(ws_tile, acc, mask=mask, sem="relaxed", scope="gpu")
+        else:
+            ws_tile = ws_ptr + pid_k * (M * N) + offs_m[None, :] * N + offs_n[:, None]
+            tl.store(ws_tile, acc, mask=mask)
+        # Every thread's partial is written before one thread's release of the counter (bar.sync, then
+        # a gpu-scope acq_rel atomic, cumulative under PTX's memory model); the last program's acquire
+        # orders its reads after all of them.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            if ATOMIC:
+                total = tl.load(ws_tile, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):  # fixed order: bitwise the same on every run
+                    total += tl.load(ws_ptr + s * (M * N) + offs_m[None, :] * N + offs_n[:, None], mask=mask,
+                                     other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launcher.
+
+
+def supports(p: GemmProblem) -> bool:
+    return (p.a_kind, p.b_kind) in SUPPORTED and not p.b_batched and p.batch * p.m <= MAX_ROWS
+
+
+def _block_k(kind: str) -> int:
+    # 128 bytes per weight row and tile: 256 fp4 codes, 128 one-byte codes. block_fp8 needs 128 anyway
+    # (one weight scale per tile row).
+    return 256 if kind in ("e2m1", NVFP4) else 128
+
+
+def split_k_for(n_tiles: int, k_tiles: int, *, sms: int = _TYPICAL_SM_COUNT, min_tiles_per_split: int = 4) -> int:
+    """Splits until about two programs per SM exist, keeping >= min_tiles_per_split K tiles per split."""
+    split = 1
+    while n_tiles * split * 2 <= 2 * sms and k_tiles // (split * 2) >= min_tiles_per_split:
+        split *= 2
+    return split
+
+
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """Heuristic, to be measured (`benchmarks/decode.py --variants`): CUDA-core FMAs for <= 4 rows (32
+    weight rows per program), otherwise the swapped MMA with 64 weight rows (one wgmma M side) and the
+    rows padded to >= 16; 128-byte weight rows per K tile, 4 stages; split-K to about two programs per
+    SM; deterministic reduction; PTX fp4 decode on NVIDIA targets."""
+    rows = p.batch * p.m
+    fma = rows <= _FMA_MAX_ROWS
+    block_n = 32 if fma else 64
+    block_m = max(1, triton.next_power_of_2(rows)) if fma else max(16, triton.next_power_of_2(rows))
+    block_k = _block_k(p.b_kind)
+    split = split_k_for(triton.cdiv(p.n, block_n), p.k // block_k)
+    return TileConfig(block_m=block_m, block_n=block_n, block_k=block_k, group_m=1, num_warps=4,
+                      num_stages=4, split_k=split, fma=fma, asm_decode=target.startswith("sm_"))
+
+
+def check_config(p: GemmProblem, config: TileConfig) -> None:
+    rows = p.batch * p.m
+    if p.b_batched:
+        raise ValueError("the decode kernel needs an unbatched weight")
+    if rows > MAX_ROWS or config.block_m < rows:
+        raise ValueError(f"the decode kernel takes <= {MAX_ROWS} rows in one tile: rows={rows}, "
+                         f"block_m={config.block_m}")
+    if not config.fma and config.block_m < 16:
+        raise ValueError("the MMA variant needs block_m >= 16 (the dot's smallest N side here)")
+    if p.k % config.block_k:
+        raise ValueError(f"K ({p.k}) must be a multiple of block_k ({config.block_k}); the primitive pads K to 256")
+    groups = {SCALE_BLOCK[k] for k in (p.a_kind, p.b_kind) if k in SCALE_BLOCK}
+    if any(config.block_k % g for g in groups):
+        raise ValueError(f"block_k ({config.block_k}) must be a multiple of every scale block {sorted(groups)}")
+    if p.b_kind == BLOCK_FP8 and (config.block_k != 128 or (128 % config.block_n and config.block_n % 128)):
+        raise ValueError("block_fp8 weights need block_k == 128 and block_n dividing 128 (or a multiple of it)")
+    if config.split_k < 1 or config.split_k > p.k // config.block_k:
+        raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
+
+
+def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
+           alpha: jax.Array, *, config: TileConfig, compute_capability, a_ts=None, b_ts=None) -> jax.Array:
+    """Decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype.
+
+    `alpha` (1,) is used when `a_ts`/`b_ts` (the nvfp4 tensor scales, scalars) are not given; the primitive
+    passes them separately so their product is taken in the kernel rather than by an XLA multiply.
+    """
+    if (p.a_kind, p.b_kind) not in SUPPORTED:
+        raise ValueError(f"the decode kernel does not take {p.a_kind} x {p.b_kind}")
+    check_config(p, config)
+    check_operands(p, a_values, a_scales, b_values, b_scales)
+    rows = p.batch * p.m
+    x_values = a_values.reshape(rows, a_values.shape[-1])
+    # Dense activations have no scales: pass the values again as the (unread) pointer, so the primitive's
+    # dummy scales are dead code and XLA builds none.
+    x_scales = x_values if p.a_kind in DENSE_KINDS else a_scales.reshape(rows, a_scales.shape[-1])
+    if a_ts is None or b_ts is None:
+        a_ts, b_ts = alpha.reshape(1).astype(jnp.float32), jnp.ones((1,), jnp.float32)
+    a_ts, b_ts = (jnp.asarray(t, jnp.float32).reshape(1) for t in (a_ts, b_ts))
+    n_tiles = triton.cdiv(p.n, config.block_n)
+    split = config.split_k
+    if split == 1:
+        ws_shape, zeroed = (1,), ()
+    elif config.atomic_split_k:
+        ws_shape, zeroed = (rows * p.n,), (1, 2)
+    else:
+        ws_shape, zeroed = (split * rows * p.n,), (2,)
+    wide = max(p.n * p.k, split * rows * p.n) >= _INT32_LIMIT
+    asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
+    name = f"decode_{p.a_kind}_{p.b_kind}_{'fma' if config.fma else 'mma'}"
+    out, _, _ = jt.jax_triton().triton_call(
+        b_values, b_scales, x_values, x_scales, a_ts, b_ts,
+        kernel=decode_kernel,
+        out_shape=(jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
+                   jax.ShapeDtypeStruct(ws_shape, jnp.float32),
+                   jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)),
+        zeroed_outputs=zeroed,
+        grid=(n_tiles, split),
+        name=name, num_warps=config.num_warps, num_stages=config.num_stages,
+        compute_capability=compute_capability,
+        M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        FMA=config.fma, ATOMIC=config.atomic_split_k, ASM=asm, WIDE=wide,
+    )
+    return out.reshape(p.batch, p.m, p.n)

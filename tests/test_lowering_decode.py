@@ -1,0 +1,226 @@
+"""CPU tests of the decode kernel (`_triton/decode.py`): dispatch, cross-compiled instructions, one launch.
+
+No GPU needed. Instruction spellings are Triton 3.6's (see tests/test_lowering_hopper.py). The inline-PTX
+fp4 decode is checked by executing its instruction string on every byte with a small interpreter.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale import backends  # noqa: E402
+from jax_blockscale._triton import decode  # noqa: E402
+from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
+from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
+
+WGMMA_BF16 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16")
+TCGEN05_F16 = re.compile(r"tcgen05\.mma\.cta_group::1\.kind::f16")
+MFMA_BF16 = re.compile(r"v_mfma_f32_\d+x\d+x\d+_bf16")
+
+_VALUES = {"e2m1": "*u8", "nvfp4": "*u8", "e2m3": "*u8", "e3m2": "*u8", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5",
+           "block_fp8": "*fp8e4nv", "bf16": "*bf16"}
+_SCALES = {"nvfp4": "*fp8e4nv", "block_fp8": "*fp32"}
+
+
+def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
+    x_scales = _VALUES[x_kind] if x_kind == "bf16" else _SCALES.get(x_kind, "*u8")
+    return {"w_ptr": _VALUES[w_kind], "w_scale_ptr": _SCALES.get(w_kind, "*u8"), "x_ptr": _VALUES[x_kind],
+            "x_scale_ptr": x_scales, "a_ts_ptr": "*fp32", "b_ts_ptr": "*fp32", "out_ptr": "*bf16",
+            "ws_ptr": "*fp32", "count_ptr": "*i32"}
+
+
+def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, **changes):
+    p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
+    cfg = decode.default_config(p, target).replace(**changes)
+    decode.check_config(p, cfg)
+    consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FMA=cfg.fma, ATOMIC=cfg.atomic_split_k,
+                  ASM=cfg.asm_decode and target.startswith("sm_"), WIDE=False)
+    compiled = compile_kernel(decode.decode_kernel, target=target, signature=_signature(w_kind, x_kind),
+                              constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return assembly(compiled)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_dispatch_picks_decode_only_for_few_rows():
+    for target in ("sm_90", "sm_100", "gfx950"):
+        assert backends.choose(target, "bf16", "e2m1", rows=1).kernel == "decode"
+        assert backends.choose(target, "bf16", "e2m1", rows=64).kernel == "decode"
+        assert backends.choose(target, "bf16", "e2m1", rows=65).kernel != "decode"
+        assert backends.choose(target, "bf16", "e2m1").kernel != "decode"  # batched weight / unknown rows
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16).kernel == "decode"
+    assert backends.choose("sm_90", "fp16", "e2m1", rows=16).kernel != "decode"
+    assert backends.choose("cpu", "bf16", "e2m1", rows=1).path == "reference"
+
+
+def test_explain_shows_the_decode_path():
+    assert jb.explain("bf16", "mxfp4", target="sm_90", rows=1).kernel == "decode"
+    assert jb.explain("bf16", "mxfp4", target="sm_90").kernel == "upcast"
+    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "nvfp4", side="b"))
+    x = jax.ShapeDtypeStruct((2, 8, 512), jnp.bfloat16)  # 16 rows of an unbatched weight
+    assert jb.explain(x, w, target="sm_90").kernel == "decode"
+    assert "decode" in jb.explain_all("sm_90")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the PTX fp4 decode, executed
+
+
+def _run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
+    """Executes the straight-line PTX of `decode._fp4_pair_ptx` (mov, prmt, shr, shl, and, or,
+    fma.rn.bf16x2) on 32-bit registers."""
+    def val(tok):
+        return int(tok, 0) if tok[0].isdigit() else regs[tok]
+
+    def bf16x2(x):
+        return np.array([x & 0xFFFF, x >> 16], np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+
+    for line in asm.replace("\n", " ").split(";"):
+        parts = line.replace("{", " ").replace("}", " ").replace(",", " ").split()
+        if not parts or parts[0] == ".reg":
+            continue
+        op, dst, *src = parts
+        a = [val(s) for s in src]
+        if op == "mov.b32":
+            r = a[0]
+        elif op == "prmt.b32":
+            pool = a[0].to_bytes(4, "little") + a[1].to_bytes(4, "little")
+            r = int.from_bytes(bytes(pool[(a[2] >> (4 * i)) & 7] for i in range(4)), "little")
+        elif op == "shr.b32":
+            r = a[0] >> a[1]
+        elif op == "shl.b32":
+            r = (a[0] << a[1]) & 0xFFFFFFFF
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
+        elif op == "fma.rn.bf16x2":
+            # products of a 3-significant-bit value and a power of two: exact, so float64 then bf16 is rn
+            y = (bf16x2(a[0]) * bf16x2(a[1]) + bf16x2(a[2])).astype(ml_dtypes.bfloat16).view(np.uint16)
+            r = int(y[0]) | (int(y[1]) << 16)
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+        regs[dst] = r
+    return regs
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**-127, 2.0**-10, 2.0**100, 0.375])
+def test_ptx_fp4_decode_matches_the_e2m1_table(scale):
+    # e2m1 codes: sign, 2 exponent bits (bias 1), 1 mantissa bit; code 1 is the subnormal 0.5.
+    table = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+    table = np.concatenate([table, -table])
+    s_bits = int(np.array(scale, ml_dtypes.bfloat16).view(np.uint16))
+    rng = np.random.default_rng(0)
+    words = np.concatenate([np.arange(0, 2**32, 2**32 // 4096, dtype=np.uint64), rng.integers(0, 2**32, 512).astype(np.uint64)])
+    for word in words.tolist():
+        regs = _run_ptx(decode._fp4_pair_ptx(), {"$4": word, "$5": s_bits | (s_bits << 16), "$6": 0})
+        out = np.array([regs[r] for r in ("$0", "$1", "$2", "$3")], np.uint32).view(np.uint16)
+        got = out.view(ml_dtypes.bfloat16).astype(np.float64)
+        codes = word.to_bytes(4, "little")
+        lo = [table[b & 15] for b in codes]
+        hi = [table[b >> 4] for b in codes]
+        want = np.array(lo + hi) * scale  # outputs: lo of bytes 0..3, then hi of bytes 0..3
+        np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float64), err_msg=hex(word))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cross-compilation
+
+
+@pytest.mark.parametrize("w_kind", decode.WEIGHT_KINDS)
+def test_sm90_mma_variant_uses_bf16_wgmma(w_kind):
+    x_kind = "bf16" if w_kind in ("e2m1", "nvfp4") else w_kind if w_kind != "e2m3" else "e4m3"
+    asm = _compile(w_kind, x_kind, "sm_90", rows=16)
+    assert WGMMA_BF16.search(asm)
+    assert "cp.async" in asm  # the weight tiles are pipelined
+    assert ".ftz" not in asm  # subnormal codes and 2**-127 scales decode through subnormals
+    if w_kind in ("e2m1", "nvfp4"):
+        assert "fma.rn.bf16x2" in asm and "prmt.b32" in asm  # the inline-PTX decode
+
+
+@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("block_fp8", "block_fp8"), ("e4m3", "bf16")])
+def test_sm90_fma_variant_has_no_mma(w_kind, x_kind):
+    asm = _compile(w_kind, x_kind, "sm_90", rows=1, fma=True, block_m=1)
+    assert not WGMMA_BF16.search(asm) and "mma.sync" not in asm
+    assert "fma.rn.f32" in asm
+
+
+_FP32_ATOMIC = re.compile(r"(?<![a-z])(red|atom)\.global(\.\w+)*\.add(\.noftz)?(\.v\d)?\.f32")
+
+
+def test_split_k_reduced_in_the_kernel():
+    asm = _compile("e2m1", "bf16", "sm_90", rows=16, n=512, split_k=4)
+    assert "atom.global.gpu.acq_rel.add" in asm  # the per-tile counter
+    assert not _FP32_ATOMIC.search(asm)  # the default reduction is ordered: no fp32 atomics
+    asm = _compile("e2m1", "bf16", "sm_90", rows=16, n=512, split_k=4, atomic_split_k=True)
+    assert _FP32_ATOMIC.search(asm)
+
+
+@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("nvfp4", "nvfp4"), ("block_fp8", "block_fp8")])
+def test_sm100_uses_tcgen05(w_kind, x_kind):
+    asm = _compile(w_kind, x_kind, "sm_100", rows=16)
+    assert TCGEN05_F16.search(asm)
+
+
+@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("nvfp4", "bf16"), ("e3m2", "e3m2"),
+                                           ("block_fp8", "block_fp8")])
+def test_gfx950_uses_bf16_mfma(w_kind, x_kind):
+    asm = _compile(w_kind, x_kind, "gfx950", rows=16, num_stages=2)
+    assert MFMA_BF16.search(asm)
+    assert ".amdhsa_float_denorm_mode_32 3" in asm
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the whole matmul lowered for cuda: one custom call and nothing around it
+
+
+def _lowered(x, w, **kw):
+    from jax_blockscale._triton import jt
+
+    try:
+        jt.jax_triton()
+    except ImportError as e:
+        pytest.skip(str(e))
+    return jax.jit(lambda x, w: jb.matmul(x, w, target="sm_90", **kw)).trace(x, w).lower(
+        lowering_platforms=("cuda",))
+
+
+_OPS = re.compile(r"stablehlo\.(\w+)")
+# Free in XLA: reshapes are bitcasts, constants and their broadcasts are folded.
+_FREE = {"reshape", "constant", "custom_call", "return"}
+
+
+@pytest.mark.parametrize("fa,fb,m", [("bf16", "mxfp4", 1), ("bf16", "nvfp4", 16), ("mxfp8", "mxfp4", 64),
+                                     ("fp8_block", "fp8_block", 33), ("bf16", "mxfp6_e2m3", 7),
+                                     ("bf16", "mxfp8", 3)])
+def test_matmul_lowers_to_one_kernel(fa, fb, m):
+    n, k = 7168, 4096
+    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((n, k)), fb, side="b"))
+    x = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16) if fa == "bf16"
+         else jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((m, k)), fa, side="a")))
+    lowered = _lowered(x, w)
+    text = lowered.as_text()
+    from jax_blockscale._triton import jt
+
+    kernels = jt.lowered_kernels(lowered)
+    assert len(kernels) == 1 and b"decode_kernel" in kernels[0]
+    assert text.count("stablehlo.custom_call") == 1
+    ops = set(_OPS.findall(re.sub(r"backend_config = \"[^\"]*\"", "", text)))
+    # broadcast_in_dim of a constant is folded; any other op would be an XLA kernel around ours
+    assert ops - _FREE <= {"broadcast_in_dim"}, ops
+    for line in text.splitlines():
+        if "broadcast_in_dim" in line:
+            assert "stablehlo.constant" in text and re.search(r"broadcast_in_dim %c", line), line
