@@ -20,7 +20,8 @@ Where the events come from, in order (`backend="auto"`):
    memcpy or memset. Derived summary lines ("XLA Modules", "XLA Ops", ...) repeat the same time and are
    skipped. CUPTI activity is process-wide, so kernels that torch launches (cuBLAS) are recorded too.
 2. `torch.profiler` with CUDA activity (kineto, also CUPTI; it records JAX's kernels as well), used when
-   the jax trace has no GPU plane (e.g. the jax wheel found no CUPTI) and torch with CUDA imports.
+   the jax trace has no GPU plane or no kernel in it (e.g. the jax wheel found no CUPTI) and torch with
+   CUDA imports.
 
 On a machine without a GPU the trace still runs (it must not crash) and the result is empty, with a note.
 """
@@ -294,8 +295,8 @@ def profile(run: Callable[[], Any], *, calls: int, ops_per_call: int = 1, backen
     """Kernel time per operation of `run()` (already compiled and warmed up), launched `calls` times
     back to back inside one trace and blocked on at the end. `run()` does `ops_per_call` operations.
 
-    backend: "jax", "torch" or "auto" (jax first; torch.profiler if the jax trace shows no GPU plane;
-    the choice is remembered for the process). Never raises for a profiler failure: the profile is then
+    backend: "jax", "torch" or "auto" (the one that worked last in this process, jax at first; the other
+    when it finds no GPU plane or no kernel in it). Never raises for a profiler failure: the profile is then
     empty and `note` says why.
     """
     if backend not in ("auto", "jax", "torch"):
@@ -307,13 +308,15 @@ def profile(run: Callable[[], Any], *, calls: int, ops_per_call: int = 1, backen
         outs = [run() for _ in range(calls)]
         block(outs)
 
-    order = {"jax": ["jax"], "torch": ["torch"]}.get(backend) or (
-        [_state["auto"]] if "auto" in _state else ["jax", "torch"])
+    if backend != "auto":
+        order = [backend]
+    elif _state.get("auto") == "none":
+        return dataclasses.replace(EMPTY, calls=calls, ops_per_call=ops_per_call,
+                                   note="no profiler gave GPU events earlier in this process")
+    else:  # the one that worked before first; the other if it finds nothing (e.g. kernels it cannot see)
+        order = sorted(("jax", "torch"), key=lambda b: b != _state.get("auto", "jax"))
     notes = []
     for name in order:
-        if name == "none":
-            return dataclasses.replace(EMPTY, calls=calls, ops_per_call=ops_per_call,
-                                       note="no profiler gave GPU events earlier in this process")
         torch = _cuda_torch() if name == "torch" else None
         if name == "torch" and torch is None:
             notes.append("torch with CUDA not importable")
@@ -322,6 +325,8 @@ def profile(run: Callable[[], Any], *, calls: int, ops_per_call: int = 1, backen
             events, why = _jax_trace(run_calls) if name == "jax" else _torch_trace(torch, run_calls)
         except Exception as e:  # noqa: BLE001 - a profiler that fails must not stop a benchmark
             events, why = [], f"{name} profiler failed: {type(e).__name__}: {e}"[:300]
+        if not why and not any(e.kind == KERNEL for e in events):
+            why = f"{name} trace: GPU plane without kernel events"
         if not why:
             if backend == "auto":
                 _state["auto"] = name
