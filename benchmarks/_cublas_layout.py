@@ -14,6 +14,11 @@ with `a` row-major and `b` column-major (`w.t()` of a row-major (N, K) weight), 
   torch's own tests pass the padded *shape* (round_up(L, 4), N/128); when L % 4 == 0 all three coincide,
   otherwise `scale_b_variants` gives each one to try (the caller keeps the first that runs and checks).
 
+The swapped problem, out^T (N, M) = w (N, K) @ x^T (K, M), is the other pair torch accepts
+(BlockWise128x128 on mat1, BlockWise1x128 on mat2): a different cuBLAS configuration, tried when the
+direct one runs but fails the check (`swapped_scales`). It reuses both storages: the weight scales as
+(ceil(N/128), L) with strides (round_up(L, 4), 1), the activation scales as (L, M_pad) row-major.
+
 Everything here is plain numpy (shapes, strides in elements, and the storage arrays), so the layouts are
 tested on a CPU without torch; `_torch.py` turns storage + (shape, strides) into `Tensor.as_strided`.
 """
@@ -117,3 +122,21 @@ def accepted_by_torch(m_pad: int, n: int, k: int, a: StridedScales, b: StridedSc
     wanted = accepts_1x128((m_pad, k), a.shape, a.strides) and accepts_128x128((n, k), bt_shape, bt_strides)
     swapped = accepts_128x128((m_pad, k), a.shape, a.strides) and accepts_1x128((n, k), bt_shape, bt_strides)
     return wanted and not swapped
+
+
+def swapped_scales(a: StridedScales, b: StridedScales) -> tuple[StridedScales, StridedScales]:
+    """(scale for mat1 = w (N, K), scale for mat2 = x^T (K, M_pad)) of the swapped problem, on the storages
+    of `a` (from `scale_a_1x128`) and `b` (the padded-stride layout from `scale_b_variants`)."""
+    kb, nb = b.shape
+    m_pad = a.shape[0]
+    if b.strides != (1, round_up(kb, 4)) or a.strides != (1, m_pad):
+        raise ValueError("swapped_scales wants the padded-stride weight layout and the 1x128 activation layout")
+    return (StridedScales(b.storage, (nb, kb), (b.strides[1], 1), "128x128 on w"),
+            StridedScales(a.storage, (kb, m_pad), (m_pad, 1), "1x128 on x^T"))
+
+
+def accepted_by_torch_swapped(m_pad: int, n: int, k: int, sw: StridedScales, sxt: StridedScales) -> bool:
+    """Would torch pick (BlockWise128x128, BlockWise1x128) for mat1 = w (N, K), mat2 = x^T (K, M_pad)?
+    It checks mat1 with sw, and mat2.t() = x (M_pad, K) with sxt.t()."""
+    t_shape, t_strides = (sxt.shape[1], sxt.shape[0]), (sxt.strides[1], sxt.strides[0])
+    return accepts_128x128((n, k), sw.shape, sw.strides) and accepts_1x128((m_pad, k), t_shape, t_strides)

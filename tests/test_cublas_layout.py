@@ -44,6 +44,11 @@ def test_layouts_hold_our_scales_and_torch_accepts_them(m, n, k):
     assert len(older) == (0 if kb % 4 == 0 else 2)
     for v in older:  # the older layouts hold the same numbers in the first L rows
         np.testing.assert_array_equal(v.view()[:kb], sb.T)
+    sw, sxt = cl.swapped_scales(a, b)  # out^T = w @ x^T on the same storages
+    np.testing.assert_array_equal(sw.view(), sb)
+    np.testing.assert_array_equal(sxt.view()[:, :m], sa.T)
+    assert cl.accepted_by_torch_swapped(m_pad, n, k, sw, sxt)
+    assert not cl.accepted_by_torch_swapped(m_pad, n, k, sxt, sw)
 
 
 def test_padded_shape_is_rejected_when_k_blocks_are_not_a_multiple_of_4():
