@@ -295,7 +295,7 @@ def profile(run: Callable[[], Any], *, calls: int, ops_per_call: int = 1, backen
     """Kernel time per operation of `run()` (already compiled and warmed up), launched `calls` times
     back to back inside one trace and blocked on at the end. `run()` does `ops_per_call` operations.
 
-    backend: "jax", "torch" or "auto" (the one that worked last in this process, jax at first; the other
+    backend: "jax", "torch" or "auto" (the first that worked in this process, jax at first; the other
     when it finds no GPU plane or no kernel in it). Never raises for a profiler failure: the profile is then
     empty and `note` says why.
     """
@@ -329,7 +329,7 @@ def profile(run: Callable[[], Any], *, calls: int, ops_per_call: int = 1, backen
             why = f"{name} trace: GPU plane without kernel events"
         if not why:
             if backend == "auto":
-                _state["auto"] = name
+                _state.setdefault("auto", name)  # the first that worked stays first: one source per run
             source = "jax.profiler" if name == "jax" else "torch.profiler"
             return aggregate(events, calls, ops_per_call, source=source)
         notes.append(why)
