@@ -30,6 +30,7 @@ from jax import lax
 
 import jax_blockscale as jb
 
+from ._kernel_time import KernelProfile, profile, trace_calls
 from ._timing import Timing, TimingConfig, jax_sampler, measure, rel_errors
 
 NT = (((1,), (1,)), ((), ()))  # a (M, K) x b (N, K): contract both last axes
@@ -49,6 +50,7 @@ class Outcome:
     max_rel_err: float = math.nan  # max |y - ref| / max |ref|
     path: str = ""
     note: str = ""
+    kernel: Optional[KernelProfile] = None  # per-operation kernel time, when cfg.kernel_time
 
 
 def short(e: BaseException, n: int = 300) -> str:
@@ -74,7 +76,11 @@ def run_jax(impl: str, op: Callable, sets: list, ref: Callable, cfg: TimingConfi
     if not fro < tol:  # NaN fails too
         return Outcome(impl, "check_failed", None, fro, mx, path, f"rel err {fro:.3g} >= {tol:g}; not timed")
     timing = measure(jax_sampler(run_all, sets), len(sets), cfg)
-    return Outcome(impl, "ok", timing, fro, mx, path, note)
+    kernel = None
+    if cfg.kernel_time:
+        kernel = profile(lambda: run_all(sets), calls=trace_calls(timing.median_s * len(sets)),
+                         ops_per_call=len(sets))
+    return Outcome(impl, "ok", timing, fro, mx, path, note, kernel)
 
 
 # ---- operands --------------------------------------------------------------------------------------

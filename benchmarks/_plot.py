@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on the device machine or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ._report import NO_FORMAT, Row, ceilings, fnum  # noqa: E402
+from ._report import NO_FORMAT, Row, ceilings, fnum, primary_us  # noqa: E402
 
 DECODE_MAX_M = 64  # M <= this goes to the latency panel
 _PALETTE = plt.get_cmap("tab10").colors
@@ -62,8 +62,10 @@ def _series(rows: list[Row]) -> dict[tuple[str, str], dict]:
 
 def _panel(ax, rows: list[Row], cases: list[str], field: str, series: dict) -> None:
     index = {(r["case"], r["impl"], r["format"]): r for r in rows if r["status"] == "ok"}
+    def get(r: Row) -> float:  # "us": the row's primary time (kernel time where measured)
+        return primary_us(r or None) if field == "us" else fnum(r, field)
     for (impl, fmt), style in series.items():
-        ys = [fnum(index.get((c, impl, fmt), {}), field) for c in cases]
+        ys = [get(index.get((c, impl, fmt), {})) for c in cases]
         if any(math.isfinite(y) for y in ys):
             ax.plot(range(len(cases)), ys, alpha=0.85, markersize=5, **{"linewidth": 1.5, **style})
     ax.set_xticks(range(len(cases)))
@@ -103,7 +105,7 @@ def plot(rows: dict, path: pathlib.Path, title: str) -> None:
     axes[0].set_title(f"Throughput, M > {DECODE_MAX_M}")
     axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
-    _panel(axes[1], rs, small, "median_us", series)
+    _panel(axes[1], rs, small, "us", series)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("µs per matmul (log)")
     axes[1].set_title(f"Decode latency, M <= {DECODE_MAX_M} (lower is better)")

@@ -1,5 +1,10 @@
 """The suite's outputs: the CSV (merged across runs of one day), speedup ratios, and the target summary.
 
+A row's primary time is `kernel_us` (the sum of its CUPTI kernel durations per operation, see
+`_kernel_time`) where it has one, else `median_us` (the harness's back-to-back time, always there as the
+wall-clock column). A ratio compares two rows on the same basis: kernel time when both have it, else both
+wall clock. TFLOP/s and GB/s are computed from the primary time.
+
 Ratios are speedups: baseline time / our time, so > 1 means ours is faster (for quantization: the time of
 one XLA elementwise pass over the same tensor / the quantization time). Runs of the same device and date
 merge into one CSV (a later row replaces an earlier one with the same case, format and impl), so a sweep
@@ -17,7 +22,8 @@ from typing import Callable, Optional
 FIELDS = ["device", "date", "jax", "target", "case", "group", "format", "a_format", "b_format", "M", "N", "K",
           "impl", "status", "R", "calls", "samples", "median_us", "min_us", "tflops", "gbps", "bytes", "path",
           "rel_err", "max_rel_err", "ratio_vs_xla_bf16", "ratio_vs_xla_fp8_tensor", "ratio_vs_xla_dequant",
-          "ratio_vs_jax_scaled_matmul", "ratio_vs_torch_blockwise", "ratio_vs_xla_elementwise", "note"]
+          "ratio_vs_jax_scaled_matmul", "ratio_vs_torch_blockwise", "ratio_vs_xla_elementwise", "kernel_us",
+          "memcpy_us", "kernel_launches", "time_basis", "kernels", "note"]
 SHAPE_BASELINES = ("xla_bf16", "xla_fp8_tensor")  # one row per case, format "-"
 FORMAT_BASELINES = ("xla_dequant", "jax_scaled_matmul", "torch_blockwise")  # one row per case and format
 NO_FORMAT = "-"
@@ -45,9 +51,27 @@ def load(path: pathlib.Path) -> dict[tuple, Row]:
         return {key(r): r for r in csv.DictReader(f)}
 
 
+def primary_us(r: Optional[Row]) -> float:
+    """Kernel time where the row has it, else the wall-clock median; NaN for a row that is not 'ok'."""
+    if r is None or r.get("status") != "ok":
+        return math.nan
+    k = fnum(r, "kernel_us")
+    return k if math.isfinite(k) and k > 0 else fnum(r, "median_us")
+
+
 def _ok_time(rows: dict[tuple, Row], k: tuple) -> float:
-    r = rows.get(k)
-    return fnum(r, "median_us") if r is not None and r.get("status") == "ok" else math.nan
+    return primary_us(rows.get(k))
+
+
+def ratio(base: Optional[Row], ours: Optional[Row]) -> float:
+    """base time / our time, both kernel time if both rows have it, else both wall clock."""
+    if base is None or ours is None or base.get("status") != "ok" or ours.get("status") != "ok":
+        return math.nan
+    for field in ("kernel_us", "median_us"):
+        b, o = fnum(base, field), fnum(ours, field)
+        if math.isfinite(b) and math.isfinite(o) and b > 0 and o > 0:
+            return b / o
+    return math.nan
 
 
 def add_ratios(rows: dict[tuple, Row]) -> None:
@@ -55,13 +79,16 @@ def add_ratios(rows: dict[tuple, Row]) -> None:
     for k, r in rows.items():
         baselines = {"ours": SHAPE_BASELINES + FORMAT_BASELINES, "quantize": ("xla_elementwise",)}.get(k[2], ())
         for b in baselines:
-            r[f"ratio_vs_{b}"] = _fmt(_baseline_us(rows, r, b) / _ok_time(rows, k), 3)
+            r[f"ratio_vs_{b}"] = _fmt(ratio(rows.get(_baseline_key(r, b)), r), 3)
+
+
+def _baseline_key(r: Row, baseline: str) -> tuple[str, str, str]:
+    """Where `baseline` is on r's case: per format for FORMAT_BASELINES, else the case's one row."""
+    return str(r["case"]), (str(r["format"]) if baseline in FORMAT_BASELINES else NO_FORMAT), baseline
 
 
 def _baseline_us(rows: dict[tuple, Row], r: Row, baseline: str) -> float:
-    """The time of `baseline` on r's case: per format for FORMAT_BASELINES, else the case's one row."""
-    fmt = r["format"] if baseline in FORMAT_BASELINES else NO_FORMAT
-    return _ok_time(rows, (r["case"], fmt, baseline))
+    return _ok_time(rows, _baseline_key(r, baseline))
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -191,7 +218,7 @@ def target_lines(rows: dict[tuple, Row]) -> list[list[str]]:
 
 def _time_target_line(rows: dict[tuple, Row], t: Target) -> list[str]:
     """An absolute-time target: the slowest matching shape must take at most `max_us`."""
-    times = [(fnum(r, "median_us"), r) for r in _matching(rows, t)]
+    times = [(primary_us(r), r) for r in _matching(rows, t)]
     have = [(v, r) for v, r in times if math.isfinite(v)]
     if not have:
         return [t.name, "-", f"0/{len(times)}", "", "", f"<= {t.max_us:g} us", "no data", ""]
@@ -219,8 +246,8 @@ def text_table(header: list[str], lines: list[list[str]]) -> str:
 
 TARGET_HEADER = ["target", "vs", "shapes", "geomean", "worst (where)", "needs", "met",
                  "meeting it takes (hardest shape)"]
-SHAPE_HEADER = ["case", "format", "path", "ours us", "TFLOP/s", "vs bf16", "vs fp8 tensor", "vs dequant",
-                "vs torch blockwise", "vs jax scaled_matmul"]
+SHAPE_HEADER = ["case", "format", "path", "ours us", "wall us", "TFLOP/s", "vs bf16", "vs fp8 tensor",
+                "vs dequant", "vs torch blockwise", "vs jax scaled_matmul"]
 
 
 def shape_lines(rows: dict[tuple, Row]) -> list[list[str]]:
@@ -230,8 +257,9 @@ def shape_lines(rows: dict[tuple, Row]) -> list[list[str]]:
             continue
         ratio = [(_fmt(fnum(r, f"ratio_vs_{b}"), 3) or "-") for b in
                  ("xla_bf16", "xla_fp8_tensor", "xla_dequant", "torch_blockwise", "jax_scaled_matmul")]
-        us = _fmt(fnum(r, "median_us"), 4) or r["status"]
-        lines.append([r["case"], r["format"], r["path"], us, _fmt(fnum(r, "tflops"), 3) or "-", *ratio])
+        us = _fmt(primary_us(r), 4) or r["status"]
+        lines.append([r["case"], r["format"], r["path"], us, _fmt(fnum(r, "median_us"), 4) or "-",
+                      _fmt(fnum(r, "tflops"), 3) or "-", *ratio])
     return lines
 
 
@@ -241,7 +269,8 @@ def quant_lines(rows: dict[tuple, Row], copy_gbps: float) -> list[list[str]]:
         if r["impl"] != "quantize":
             continue
         gbps = fnum(r, "gbps")
-        lines.append([r["case"], r["format"], _fmt(fnum(r, "median_us"), 4) or r["status"], _fmt(gbps, 4) or "-",
+        lines.append([r["case"], r["format"], _fmt(primary_us(r), 4) or r["status"],
+                      _fmt(fnum(r, "median_us"), 4) or "-", _fmt(gbps, 4) or "-",
                       _fmt(100 * gbps / copy_gbps, 3) or "-", _fmt(fnum(r, "ratio_vs_xla_elementwise"), 3) or "-"])
     return lines
 
@@ -255,6 +284,11 @@ def ceilings(rows: dict[tuple, Row]) -> dict[str, float]:
             "copy": get("xla_copy", "gbps"), "read": get("xla_read", "gbps")}
 
 
+def _kernel_rows(rows: dict[tuple, Row]) -> str:
+    ok = [r for r in rows.values() if r.get("status") == "ok"]
+    return f"{sum(math.isfinite(fnum(r, 'kernel_us')) for r in ok)} of {len(ok)}"
+
+
 def summary_markdown(rows: dict[tuple, Row], meta: dict, csv_name: str, png_name: Optional[str]) -> str:
     c = ceilings(rows)
     size = rows.get(("ceiling", NO_FORMAT, "xla_bf16"), {}).get("M", "?")
@@ -265,8 +299,10 @@ def summary_markdown(rows: dict[tuple, Row], meta: dict, csv_name: str, png_name
         "",
         f"Ceilings measured by XLA on this machine: bf16 matmul {_fmt(c['bf16'], 4) or '?'} TFLOP/s, fp8 matmul "
         f"{_fmt(c['fp8'], 4) or '?'} TFLOP/s (M = N = K = {size}), copy {_fmt(c['copy'], 4) or '?'} GB/s ({copy_mib} MiB read and written), read "
-        f"{_fmt(c['read'], 4) or '?'} GB/s (the same tensor read once). Times are device "
-        f"time per matmul (R distinct operand sets in one jit, median; see benchmarks/_timing.py). Ratios are "
+        f"{_fmt(c['read'], 4) or '?'} GB/s (the same tensor read once). Times are per matmul: kernel time "
+        f"(the sum of its CUPTI kernel durations, benchmarks/_kernel_time.py) where the row has it "
+        f"({_kernel_rows(rows)} rows), else the wall-clock median of back-to-back calls over R distinct operand "
+        f"sets in one jit (benchmarks/_timing.py), which is the 'wall us' column. Ratios are "
         f"speedups, baseline time / our time: > 1 means ours is faster. Data: `{csv_name}`"
         + (f", plot: `{png_name}`." if png_name else "."),
         "",
@@ -281,7 +317,8 @@ def summary_markdown(rows: dict[tuple, Row], meta: dict, csv_name: str, png_name
     q = quant_lines(rows, c["copy"])
     if q:
         parts += ["", "## Quantization", "",
-                  markdown_table(["case", "format", "us", "GB/s (read + written)", "% of copy", "vs elementwise"], q)]
+                  markdown_table(["case", "format", "us", "wall us", "GB/s (read + written)", "% of copy",
+                                  "vs elementwise"], q)]
     if bad:
         parts += ["", "## Rows without a time", "",
                   markdown_table(["case", "format", "impl", "status", "note"],

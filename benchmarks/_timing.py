@@ -17,6 +17,11 @@ number. So every implementation, ours and each baseline alike, is timed the same
 
 torch uses the same R sets, captured once in a CUDA graph (an eager loop if capture fails, said in the
 row's note) and timed with CUDA events around `calls` replays.
+
+With `kernel_time` (the suite's default on a GPU) the same jitted call (or graph replay) is then run a few
+more times inside a profiler trace and the CUPTI kernel durations are summed per matmul
+(`benchmarks/_kernel_time.py`): the primary number, free of host launch gaps; the time above stays beside
+it as the wall-clock column.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class TimingConfig:
     max_samples: int = 30
     sample_budget_s: float = 1.5  # stop sampling after this long once min_samples are in
     fixed_repeats: int | None = None  # --smoke: R fixed
+    kernel_time: bool = False  # also trace the calls and sum CUPTI kernel durations (`_kernel_time`)
 
 
 @dataclasses.dataclass(frozen=True)

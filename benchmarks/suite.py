@@ -26,9 +26,12 @@ What runs, per shape (M, N, K), a (M, K) x b (N, K) -> (M, N) bf16:
 
 Every result is checked before it is timed: ours against `jb.reference.matmul` on the same quantized
 operands, each baseline against the float32 dot of its dequantized operands (relative Frobenius error
-< 1e-2); a failing check is a 'check_failed' row and is not timed. Timing is device time per matmul: R
-distinct operand sets (> 128 MB together, so nothing is served from L2) in one jit, back-to-back calls,
-median over samples, the same for every implementation; benchmarks/_timing.py explains why and how.
+< 1e-2); a failing check is a 'check_failed' row and is not timed. Timing, the same for every
+implementation: R distinct operand sets (> 128 MB together, so nothing is served from L2) in one jit (or
+one CUDA graph for torch), back-to-back calls, median over samples (`median_us`, the wall-clock column;
+benchmarks/_timing.py); then, on a GPU (--kernel-time), a few more calls inside a profiler trace whose
+CUPTI kernel durations are summed per matmul (`kernel_us`, the primary time, free of host launch gaps;
+`kernels` lists the top kernels; benchmarks/_kernel_time.py).
 
 Outputs in --out (default benchmarks/results): suite_<device>_<date>.csv, .png and .md (the issue's
 target rows, met or not, and per-shape speedups, ready for the README). The CSV is rewritten after every
@@ -71,11 +74,18 @@ IMPLS = ("xla_bf16", "xla_fp8_tensor", "ours", "xla_dequant", "jax_scaled_matmul
 QUANT_BASE = {"mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp8_1x128": "fp8_block"}  # for --formats
 
 
+def kernel_time_wanted(args: argparse.Namespace) -> bool:
+    """--kernel-time / --no-kernel-time, else on exactly when there is a GPU (a CPU trace has no kernels)."""
+    return args.kernel_time if args.kernel_time is not None else jax.default_backend() == "gpu"
+
+
 def mode(args: argparse.Namespace) -> Mode:
+    kt = kernel_time_wanted(args)
     if args.smoke:  # fixed R = 2 and three samples: the point is that every path runs, not the numbers
-        cfg = TimingConfig(fixed_repeats=2, target_sample_s=0.0, min_samples=3, max_samples=3, sample_budget_s=0.0)
+        cfg = TimingConfig(fixed_repeats=2, target_sample_s=0.0, min_samples=3, max_samples=3, sample_budget_s=0.0,
+                           kernel_time=kt)
         return Mode(smoke_cases(), (256, 512), 256, (256, 1024), cfg)
-    cfg = TimingConfig(flush_bytes=args.flush_mb << 20, mem_budget=int(args.mem_budget_gb * 2**30))
+    cfg = TimingConfig(flush_bytes=args.flush_mb << 20, mem_budget=int(args.mem_budget_gb * 2**30), kernel_time=kt)
     return Mode(quick_cases() if args.quick else full_cases(), (8192, 8192), 8192, (16384, 32768), cfg)
 
 
@@ -115,7 +125,8 @@ class Run:
         self.rows[_report.key(row)] = row
         _report.write(self.csv, self.rows)  # after every unit: a killed run keeps what it finished
         print(f"  {row['case']:>16} {row['format']:>12} {row['impl']:>18} {row['status']:>12} "
-              f"{row['median_us'] or '-':>10} us {row['tflops'] or row['gbps'] or '-':>8} "
+              f"{row['kernel_us'] or '-':>9} us kernel {row['median_us'] or '-':>9} us wall "
+              f"{row['tflops'] or row['gbps'] or '-':>8} "
               f"{row['path']} {row['note'][:100]}", flush=True)
 
 
@@ -143,17 +154,28 @@ def _num(v: float, digits: int = 4) -> str:
 
 
 def make_row(run: Run, site: Site, fmt: str, ab: tuple[str, str], o: bl.Outcome, operand_bytes: int) -> dict:
-    t = o.timing.median_s if o.timing else math.nan
+    """One CSV row. The primary time is the kernel time where the profile has one, else the wall clock
+    (`median_us`, always filled for a timed row); TFLOP/s and GB/s come from the primary time."""
+    wall = o.timing.median_s if o.timing else math.nan
+    kp = o.kernel
+    kernel = kp.kernel_s if kp is not None and kp.ok else math.nan
+    t = kernel if math.isfinite(kernel) else wall
     nbytes = operand_bytes + site.out_bytes
     m, n, k = site.mnk
+    note = o.note
+    if kp is not None and not kp.ok and o.status == "ok":
+        note = "; ".join(x for x in (note, f"no kernel time: {kp.note}") if x)
     return dict(run.meta, case=site.case, group=site.group, format=fmt, a_format=ab[0], b_format=ab[1],
                 M=m, N=n, K=k, impl=o.impl, status=o.status,
                 R=o.timing.repeats if o.timing else "", calls=o.timing.calls if o.timing else "",
-                samples=o.timing.samples if o.timing else "", median_us=_num(t * 1e6),
+                samples=o.timing.samples if o.timing else "", median_us=_num(wall * 1e6),
                 min_us=_num(o.timing.min_s * 1e6) if o.timing else "",
                 tflops=_num(site.flops / t / 1e12) if site.flops else "", gbps=_num(nbytes / t / 1e9),
                 bytes=nbytes, path=o.path, rel_err=_num(o.rel_err, 3), max_rel_err=_num(o.max_rel_err, 3),
-                note=o.note)
+                kernel_us=_num(kernel * 1e6), memcpy_us=_num(kp.memcpy_s * 1e6) if kp else "",
+                kernel_launches=_num(kp.launches, 3) if kp else "",
+                time_basis=("kernel" if math.isfinite(kernel) else "wall") if o.timing else "",
+                kernels=kp.summary() if kp is not None and kp.ok else "", note=note)
 
 
 def _guarded(impl: str, work: Callable[[], bl.Outcome]) -> bl.Outcome:
@@ -339,6 +361,10 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="skip rows today's CSV already has (ok, n/a or check_failed): rerun the same command "
                         "until the budget no longer runs out")
     p.add_argument("--no-ceilings", action="store_true", help="skip the ceiling measurements")
+    p.add_argument("--kernel-time", dest="kernel_time", action="store_true", default=None,
+                   help="also sum CUPTI kernel durations per matmul (a profiler trace per row) and make them the "
+                        "primary time, wall clock beside (default: on when there is a GPU)")
+    p.add_argument("--no-kernel-time", dest="kernel_time", action="store_false", help="wall clock only")
     p.add_argument("--list", action="store_true", help="print the selected shapes and formats, run nothing")
     p.add_argument("--merge", nargs="+", metavar="CSV",
                    help="run nothing: combine these CSVs (parts of one sweep, e.g. one per GPU run at once) into "

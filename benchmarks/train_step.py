@@ -1,7 +1,8 @@
 """Time one training step of the example transformer LM per recipe, against bf16 in the same run.
 
     python benchmarks/train_step.py                          # GPU: d_model 2048, seq 2048, batch 8, 4 layers
-    python benchmarks/train_step.py --recipes bf16,mxfp8 --steps 20
+    python benchmarks/train_step.py --preset d4096           # d_model 4096, 2 layers, seq 1024, batch 8
+    python benchmarks/train_step.py --recipes bf16,mxfp8 --steps 20 --no-kernel-time
 
 The model is `examples/train_tiny.py`'s `TinyLM` (every block projection is a block-scaled `Dense`; the
 embedding, attention core, LayerNorms and the vocab head stay bf16), with `nn.scan` over `nn.remat` blocks,
@@ -11,6 +12,12 @@ and run `--warmup` times first, then each of `--steps` steps is timed on its own
 on the same data, so the ratio to bf16 compares like with like. Prints a table and writes a CSV under
 benchmarks/results/. Which kernel each recipe's GEMMs use on this target (native, upcast, reference) is
 printed too: on Hopper only block FP8 has a native MMA; MX and nvfp4 are decoded to bf16 in registers.
+
+Kernel time (`--kernel-time`, the default on a GPU): `--trace-steps` more steps run inside a profiler trace
+and the CUPTI kernel durations are summed per step (benchmarks/_kernel_time.py), split into GEMM (our Triton
+kernels, cuBLAS/cuBLASLt, CUTLASS, XLA's Triton GEMM fusions), quantization (kernels named quantize_*;
+quantization that XLA fuses into loop fusions cannot be told apart by name and counts as other) and other,
+with the top kernels of each recipe. Kernel time is free of host launch gaps; the wall clock stays beside it.
 
 Without a GPU this runs a tiny config with a warning (the numbers then only show that the path works).
 """
@@ -23,6 +30,7 @@ import dataclasses
 import datetime
 import importlib.util
 import pathlib
+import math
 import statistics
 import sys
 import time
@@ -35,7 +43,16 @@ import jax_blockscale as jb
 from jax_blockscale.recipes import get_recipe
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/train_step.py` puts benchmarks/, not the root, on the path
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._kernel_time import GEMM, OTHER, QUANT, KernelProfile, breakdown, profile  # noqa: E402
+
 DEFAULT_RECIPES = ("bf16", "mxfp8", "nvfp4", "fp8_deepseek")
+PRESETS = {  # the issue's two training shapes
+    "d2048": dict(d_model=2048, layers=4, heads=16, seq=2048, batch=8, vocab=8192),
+    "d4096": dict(d_model=4096, layers=2, heads=32, seq=1024, batch=8, vocab=8192),
+}
 
 
 def _load_example():
@@ -63,8 +80,9 @@ def _paths(recipe_name: str, target: str) -> str:
     return ", ".join(out)
 
 
-def time_step(example, cfg, recipe: str, warmup: int, steps: int) -> list[float]:
-    """Seconds per training step (each measured alone) of TinyLM with `recipe`."""
+def make_step(example, cfg, recipe: str):
+    """(step, carry, tokens): the jitted forward + backward + AdamW step of TinyLM with `recipe`, and its
+    initial (params, opt state) in a list that `run_step` advances."""
     model = example.TinyLM(cfg, recipe)
     key = jax.random.key(cfg.seed)
     tokens = jax.random.randint(key, (cfg.batch, cfg.seq + 1), 0, cfg.vocab)
@@ -82,76 +100,161 @@ def time_step(example, cfg, recipe: str, warmup: int, steps: int) -> list[float]
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
+    return step, [params, state], tokens
+
+
+def run_step(step, carry: list, tokens) -> jax.Array:
+    """One step: advances carry = [params, state] in place, returns the loss (not blocked on)."""
+    carry[0], carry[1], loss = step(carry[0], carry[1], tokens)
+    return loss
+
+
+def time_step(example, cfg, recipe: str, warmup: int, steps: int, trace_steps: int = 0
+              ) -> tuple[list[float], KernelProfile | None]:
+    """Wall seconds per training step (each measured alone) of TinyLM with `recipe`, and with
+    `trace_steps` > 0 the kernel profile per step of that many more steps traced together."""
+    step, carry, tokens = make_step(example, cfg, recipe)
     for _ in range(warmup):
-        params, state, loss = jax.block_until_ready(step(params, state, tokens))
+        jax.block_until_ready(run_step(step, carry, tokens))
     times = []
+    loss = None
     for _ in range(steps):
         t0 = time.perf_counter()
-        params, state, loss = jax.block_until_ready(step(params, state, tokens))
+        loss = jax.block_until_ready(run_step(step, carry, tokens))
         times.append(time.perf_counter() - t0)
-    if not bool(jnp.isfinite(loss)):
+    if loss is not None and not bool(jnp.isfinite(loss)):
         raise RuntimeError(f"{recipe}: the loss is not finite ({loss})")
-    return times
+    kernel = profile(lambda: run_step(step, carry, tokens), calls=trace_steps) if trace_steps > 0 else None
+    return times, kernel
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.2f}" if math.isfinite(v) else "-"
+
+
+def _ratio(v: float, base: float) -> str:
+    return f"{v / base:.3f}" if math.isfinite(v) and math.isfinite(base) and base > 0 else "-"
+
+
+def report(rows: list[dict], target: str, top: int = 8) -> str:
+    """The markdown tables: per recipe wall and kernel time per step with the breakdown and ratios vs bf16,
+    then each recipe's top kernels."""
+    base = next((r for r in rows if r["recipe"] == "bf16"), None)
+    bw = base["wall_s"] if base else math.nan
+    bk = base["kernel_s"] if base else math.nan
+    out = ["| recipe | wall ms | kernel ms | GEMM ms | quant ms | other ms | memcpy ms | wall vs bf16 | "
+           "kernel vs bf16 | tokens/s (wall) | GEMM paths on " + target + " |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['recipe']} | {_ms(r['wall_s'])} | {_ms(r['kernel_s'])} | {_ms(r['gemm_s'])} | "
+                   f"{_ms(r['quant_s'])} | {_ms(r['other_s'])} | {_ms(r['memcpy_s'])} | {_ratio(r['wall_s'], bw)} | "
+                   f"{_ratio(r['kernel_s'], bk)} | {r['tokens_per_s']:.0f} | {r['paths']} |")
+    for r in rows:
+        kp = r.get("profile")
+        if kp is None or not kp.ok:
+            if kp is not None:
+                out += ["", f"{r['recipe']}: no kernel time ({kp.note})"]
+            continue
+        out += ["", f"Top kernels, {r['recipe']} ({kp.launches:.0f} launches per step, {kp.source}):", "",
+                "| kernel | ms per step | launches | class | share |", "|---|---|---|---|---|"]
+        for k in kp.top(top):
+            name = k.name if len(k.name) <= 90 else k.name[:87] + "..."
+            out.append(f"| `{name}` | {k.seconds * 1e3:.3f} | {k.launches:.3g} | {k.category} | "
+                       f"{100 * k.seconds / kp.kernel_s:.1f}% |")
+    return "\n".join(out)
+
+
+def parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES))
+    p.add_argument("--preset", choices=sorted(PRESETS), default="d2048",
+                   help="model and batch sizes (d2048: the defaults; d4096: d_model 4096, 2 layers, seq 1024); "
+                        "the flags below override single sizes")
+    for name in ("d_model", "layers", "heads", "seq", "batch", "vocab"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--trace-steps", type=int, default=3, help="steps traced for the kernel time")
+    p.add_argument("--kernel-time", dest="kernel_time", action="store_true", default=None,
+                   help="sum CUPTI kernel durations per step (default: on when there is a GPU)")
+    p.add_argument("--no-kernel-time", dest="kernel_time", action="store_false")
+    p.add_argument("--no-remat", action="store_true")
+    p.add_argument("--top", type=int, default=8, help="kernels listed per recipe")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    return p.parse_args(argv)
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipes", default=",".join(DEFAULT_RECIPES))
-    p.add_argument("--d-model", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--no-remat", action="store_true")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    a = p.parse_args(argv)
-
+    a = parse(argv)
     example = _load_example()
     backend = jax.default_backend()
-    sizes = dict(d_model=a.d_model, layers=a.layers, heads=a.heads, seq=a.seq, batch=a.batch, vocab=a.vocab)
+    sizes = {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in PRESETS[a.preset].items()}
+    kernel_time = a.kernel_time if a.kernel_time is not None else backend == "gpu"
     if backend != "gpu":
         print(f"WARNING: no GPU (backend {backend}): running a tiny config; the times only show the path "
               f"works, they say nothing about kernel speed.", file=sys.stderr)
         sizes = dict(d_model=128, layers=2, heads=4, seq=128, batch=2, vocab=256)
-        a.steps, a.warmup = min(a.steps, 3), 1
+        a.steps, a.warmup, a.trace_steps = min(a.steps, 3), 1, min(a.trace_steps, 2)
     cfg = dataclasses.replace(example.Config(), remat=not a.no_remat, **sizes)
     target = jb.detect_target()
     device = jax.devices()[0].device_kind
-    print(f"jax {jax.__version__}, {device} (target {target}); {cfg}")
+    print(f"jax {jax.__version__}, {device} (target {target}); {a.preset if backend == 'gpu' else 'tiny'}: {cfg}; "
+          f"kernel time {'on' if kernel_time else 'off'}")
 
     rows = []
     for recipe in a.recipes.split(","):
-        times = time_step(example, cfg, recipe, a.warmup, a.steps)
-        rows.append(dict(recipe=recipe, median_ms=1e3 * statistics.median(times), min_ms=1e3 * min(times),
+        times, kp = time_step(example, cfg, recipe, a.warmup, a.steps, a.trace_steps if kernel_time else 0)
+        split = breakdown(kp) if kp is not None else {c: math.nan for c in (GEMM, QUANT, OTHER)}
+        rows.append(dict(recipe=recipe, wall_s=statistics.median(times), wall_min_s=min(times),
+                         kernel_s=kp.kernel_s if kp is not None else math.nan, gemm_s=split[GEMM],
+                         quant_s=split[QUANT], other_s=split[OTHER],
+                         memcpy_s=kp.memcpy_s if kp is not None else math.nan, profile=kp,
                          paths=_paths(recipe, target)))
-        print(f"  {recipe}: median {rows[-1]['median_ms']:.2f} ms", flush=True)
-    base = next((r["median_ms"] for r in rows if r["recipe"] == "bf16"), None)
+        print(f"  {recipe}: wall {_ms(rows[-1]['wall_s'])} ms, kernel {_ms(rows[-1]['kernel_s'])} ms per step",
+              flush=True)
     tokens = cfg.batch * cfg.seq
-    print(f"\n{'recipe':>14} {'median ms':>10} {'min ms':>9} {'vs bf16':>8} {'tokens/s':>10}  "
-          f"GEMM paths on {target}")
     for r in rows:
-        r["ratio_vs_bf16"] = r["median_ms"] / base if base else float("nan")
-        r["tokens_per_s"] = tokens / (r["median_ms"] / 1e3)
-        print(f"{r['recipe']:>14} {r['median_ms']:>10.2f} {r['min_ms']:>9.2f} {r['ratio_vs_bf16']:>8.3f} "
-              f"{r['tokens_per_s']:>10.0f}  {r['paths']}")
+        r["tokens_per_s"] = tokens / r["wall_s"]
+    print(f"\n## Training step, {device}, {datetime.date.today().isoformat()} (jax {jax.__version__}; "
+          f"d_model {cfg.d_model}, {cfg.layers} layers, seq {cfg.seq}, batch {cfg.batch}, remat {cfg.remat})\n")
+    print(report(rows, target, a.top))
+    path = write_csv(rows, a.out, target, device, sizes, cfg, a)
+    print(f"\nwrote {path}")
+    return rows
 
-    out_dir = pathlib.Path(a.out)
+
+CSV_FIELDS = ["recipe", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths", "kernel_ms", "gemm_ms",
+              "quant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16", "kernel_launches", "kernel_source",
+              "top_kernels"]
+
+
+def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict, cfg, a) -> pathlib.Path:
+    """One CSV row per recipe: the original columns (median_ms is wall clock) plus the kernel-time ones."""
+    base = next((r for r in rows if r["recipe"] == "bf16"), None)
+    out_dir = pathlib.Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = out_dir / f"train_step_{target}_{stamp}.csv"
+    path = out_dir / f"train_step_{target}_d{cfg.d_model}_s{cfg.seq}_{stamp}.csv"
+    meta = dict(device=device, target=target, jax=jax.__version__, **sizes, remat=cfg.remat, warmup=a.warmup,
+                steps=a.steps, trace_steps=a.trace_steps)
+    num = lambda v, d=4: f"{v:.{d}g}" if math.isfinite(v) else ""  # noqa: E731
     with open(path, "w", newline="") as f:
-        meta = dict(device=device, target=target, jax=jax.__version__, **sizes, remat=cfg.remat,
-                    warmup=a.warmup, steps=a.steps)
-        writer = csv.DictWriter(f, fieldnames=[*meta, "recipe", "median_ms", "min_ms", "ratio_vs_bf16",
-                                               "tokens_per_s", "paths"])
+        writer = csv.DictWriter(f, fieldnames=[*meta, *CSV_FIELDS])
         writer.writeheader()
         for r in rows:
-            writer.writerow({**meta, **r})
-    print(f"wrote {path}")
-    return rows
+            kp = r["profile"]
+            writer.writerow({**meta, "recipe": r["recipe"], "median_ms": num(r["wall_s"] * 1e3, 6),
+                             "min_ms": num(r["wall_min_s"] * 1e3, 6),
+                             "ratio_vs_bf16": num(r["wall_s"] / base["wall_s"]) if base else "",
+                             "tokens_per_s": num(r["tokens_per_s"], 6), "paths": r["paths"],
+                             "kernel_ms": num(r["kernel_s"] * 1e3, 6), "gemm_ms": num(r["gemm_s"] * 1e3),
+                             "quant_ms": num(r["quant_s"] * 1e3), "other_ms": num(r["other_s"] * 1e3),
+                             "memcpy_ms": num(r["memcpy_s"] * 1e3),
+                             "kernel_ratio_vs_bf16": num(r["kernel_s"] / base["kernel_s"]) if base else "",
+                             "kernel_launches": num(kp.launches) if kp is not None else "",
+                             "kernel_source": (kp.source or kp.note) if kp is not None else "",
+                             "top_kernels": kp.summary(8) if kp is not None and kp.ok else ""})
+    return path
 
 
 if __name__ == "__main__":

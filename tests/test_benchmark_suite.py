@@ -3,6 +3,8 @@
 Every implementation that exists on a CPU must produce a row that passed its correctness check and has a
 finite time; the ones that need a GPU (jax.nn.scaled_matmul's cuDNN lowering, torch's cuBLAS blockwise
 FP8) must be 'n/a' rows that say why, not a crash. The CSV, PNG and markdown summary must be written.
+The smoke run asks for kernel time: on a CPU the profiler trace runs and finds no GPU kernels, so every
+row falls back to wall clock and says so.
 """
 
 import csv
@@ -28,7 +30,7 @@ GPU_ONLY = {"jax_scaled_matmul", "torch_blockwise"}
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
-    suite.main(["--smoke", "--fresh", "--out", str(out)])
+    suite.main(["--smoke", "--fresh", "--kernel-time", "--out", str(out)])
     (path,) = out.glob("suite_*.csv")
     with open(path, newline="") as f:
         return out, path, list(csv.DictReader(f))
@@ -45,6 +47,30 @@ def test_every_cpu_impl_checked_and_timed(smoke):
         assert int(r["R"]) == 2 and int(r["samples"]) >= 3, r
         tol = 0.25 if r["impl"] == "quantize" else 1e-2
         assert float(r["rel_err"]) < tol, r
+
+
+def test_kernel_time_columns(smoke):
+    _, _, rows = smoke
+    assert set(_report.FIELDS) <= set(rows[0])
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if r["time_basis"] == "kernel":  # a GPU run
+            assert float(r["kernel_us"]) > 0 and r["kernels"], r
+        else:
+            assert r["time_basis"] == "wall" and r["kernel_us"] == "" and "no kernel time" in r["note"], r
+
+
+def test_ratios_compare_like_with_like():
+    """Kernel time against kernel time when both rows have it; otherwise wall clock against wall clock,
+    never one against the other."""
+    def row(median, kernel=""):
+        return {"status": "ok", "median_us": str(median), "kernel_us": str(kernel)}
+    assert _report.ratio(row(30, 20), row(15, 5)) == 4.0
+    assert _report.ratio(row(30, 20), row(15)) == 2.0
+    assert _report.ratio(row(30), row(15, 5)) == 2.0
+    assert _report.primary_us(row(30, 20)) == 20.0 and _report.primary_us(row(30)) == 30.0
+    assert _report.ratio({"status": "n/a"}, row(15)) != _report.ratio({"status": "n/a"}, row(15))  # NaN
 
 
 def test_gpu_only_baselines_are_na_with_a_reason(smoke):
