@@ -103,17 +103,27 @@ def _kernel_allowed(ctx) -> bool:
 def _gpu_lowering(ctx, x, ts, *, row, col):
     if not (USE_KERNEL and _kernel_allowed(ctx)):
         return mlir.lower_fun(functools.partial(_reference, row=row, col=col), multiple_results=True)(ctx, x, ts)
-    return mlir.lower_fun(functools.partial(_launch, row=row, col=col, platform=ctx.module_context.platforms[0]),
-                          multiple_results=True)(ctx, x, ts)
+    from . import backends, primitive
+    from ._triton import jt
+
+    # The target as the matmul primitive finds it: the device the program is lowered for.
+    device = primitive._lowering_device(ctx)
+    if device is None:
+        raise ValueError(f"cannot lower jax_blockscale's quantization kernel for "
+                         f"{ctx.module_context.platforms[0]} without a device to read the target from")
+    target = backends.detect_target(device)
+    with jt.lowering_target(target):
+        return mlir.lower_fun(functools.partial(_launch, row=row, col=col,
+                                                compute_capability=primitive._compute_capability(target)),
+                              multiple_results=True)(ctx, x, ts)
 
 
-def _launch(x, ts, *, row, col, platform):
+def _launch(x, ts, *, row, col, compute_capability):
     from ._triton import jt
     from ._triton.quantize_kernels import quantize_kernel
 
     p = _plan(x.shape, row, col)
     x3 = x.reshape((-1,) + x.shape[-2:])
-    compute_capability = _compute_capability() if platform == "cuda" else None
     outs = jt.call(
         quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in p.out_shapes],
@@ -123,18 +133,10 @@ def _launch(x, ts, *, row, col, platform):
     return list(outs)
 
 
-def _compute_capability() -> Optional[int]:
-    try:
-        device = jax.devices("cuda")[0]
-    except RuntimeError:
-        return None  # lowering without a device: jax-triton's default
-    major, minor = str(device.compute_capability).split(".")[:2]
-    return int(major + minor)
-
-
 mlir.register_lowering(quantize_p, functools.partial(mlir.lower_fun(_reference, multiple_results=True)),
                        platform="cpu")
 mlir.register_lowering(quantize_p, _gpu_lowering, platform="cuda")
+mlir.register_lowering(quantize_p, _gpu_lowering, platform="rocm")
 
 
 def _batching_rule(args, dims, *, row, col):
