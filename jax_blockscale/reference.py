@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .quantize import BlockScaledArray, dequantize
+from .validation import check_operands
 
 __all__ = ["matmul", "Operand", "operand_shape"]
 
@@ -38,23 +39,6 @@ def _as_float32(x: Operand, name: str) -> jax.Array:
             f"{name} must be a BlockScaledArray or a float32/bfloat16/float16 array, got {x.dtype}"
         )
     return x.astype(jnp.float32)
-
-
-def check_operands(a: Operand, b: Operand) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Validates the NT matmul shapes: a (..., M, K), b (..., N, K). Returns both logical shapes."""
-    sa, sb = operand_shape(a), operand_shape(b)
-    if len(sa) < 2 or len(sb) < 2:
-        raise ValueError(f"matmul needs a of shape (..., M, K) and b of shape (N, K); got {sa} and {sb}")
-    if sa[-1] != sb[-1]:
-        raise ValueError(
-            f"contraction sizes differ: a is {sa} and b is {sb} (b is (N, K), i.e. the weight transposed); "
-            f"their last axes must match"
-        )
-    try:
-        jnp.broadcast_shapes(sa[:-2], sb[:-2])
-    except ValueError:
-        raise ValueError(f"batch dims of a {sa[:-2]} and b {sb[:-2]} do not broadcast") from None
-    return sa, sb
 
 
 def matmul(a: Operand, b: Operand, out_dtype=jnp.float32) -> jax.Array:
