@@ -51,7 +51,7 @@ from jax import lax
 
 from . import elements, validation
 from .formats import BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, get_format
-from .layouts import pack_fp4, unpack_fp4
+from .layouts import _pack_fp4, unpack_fp4
 
 __all__ = ["BlockScaledArray", "quantize", "dequantize", "nvfp4_tensor_scale", "ROUNDING_MODES",
            "DEFAULT_ROUNDING"]
@@ -476,7 +476,7 @@ def _store_codes(codes: jax.Array, spec: Format) -> jax.Array:
     if spec.element.bits == 8:
         return lax.bitcast_convert_type(codes, spec.element.jnp_dtype)
     if spec.elements_per_byte == 2:
-        return pack_fp4(codes)
+        return _pack_fp4(codes)
     return codes
 
 
