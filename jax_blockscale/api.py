@@ -208,6 +208,9 @@ def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optiona
 
 
 def _explain(a, b, target: str) -> backends.Choice:
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, BlockScaledArray):
+            validation.check_block_scaled(x, name)  # before reading its shape for the stand-in's K
     k = _explain_k(a, b)
     qa, qb = _abstract(a, "a", k), _abstract(b, "b", k)
     validation.check_matmul_operands(qa, qb)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .quantize import BlockScaledArray, dequantize
-from .validation import check_operands
+from .validation import check_block_scaled, check_operands
 
 __all__ = ["matmul", "Operand", "operand_shape"]
 
@@ -46,6 +46,9 @@ def matmul(a: Operand, b: Operand, out_dtype=jnp.float32) -> jax.Array:
 
     Any pair of formats is accepted, mixed ones included; batch dims of a and b broadcast.
     """
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, BlockScaledArray):
+            check_block_scaled(x, name)
     check_operands(a, b)
     af, bf = _as_float32(a, "a"), _as_float32(b, "b")
     out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=lax.Precision.HIGHEST,
