@@ -233,3 +233,60 @@ def test_demo_help_describes_each_option(capsys):
     text = capsys.readouterr().out
     for fragment in ("contraction size K", "rows of the activations", "rows of the weight", "timed calls"):
         assert fragment in text
+
+
+# ------------------------------------------------------------------------------ documented nvfp4 behaviour
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nvfp4_nonfinite_stays_in_its_block(bad):
+    # As in MX: one NaN/Inf makes its own 16-element block NaN and nothing else (the tensor amax skips it).
+    x = X.at[2, 37].set(bad)
+    for q in (jb.quantize(x, "nvfp4"), jax.jit(lambda v: jb.quantize(v, "nvfp4"))(x)):
+        d = np.asarray(jb.dequantize(q))
+        assert np.isnan(d[2, 32:48]).all()
+        nan = np.isnan(d)
+        nan[2, 32:48] = False
+        assert not nan.any()
+        np.testing.assert_array_equal(np.asarray(q.tensor_scale), np.asarray(jb.nvfp4_tensor_scale(x)))
+        # The tensor scale comes from the finite blocks only. The tensor amax of this data lies outside the
+        # bad block, so every other element dequantizes exactly as without the NaN/Inf.
+        clean = jb.quantize(x.at[2, 32:48].set(0.0), "nvfp4")
+        assert float(clean.tensor_scale) == float(q.tensor_scale)
+        keep = np.ones(d.shape, bool)
+        keep[2, 32:48] = False
+        np.testing.assert_array_equal(d[keep], np.asarray(jb.dequantize(clean))[keep])
+    out = np.asarray(jb.matmul(jb.quantize(x, "nvfp4"), WEIGHTS["nvfp4"], out_dtype=jnp.float32))
+    assert np.isnan(out[2]).all() and np.isfinite(np.delete(out, 2, axis=0)).all()
+
+
+def test_nvfp4_empty_input_is_an_empty_array_with_zero_tensor_scale():
+    for shape in ((0, 64), (4, 0), (0,)):
+        q = jb.quantize(jnp.zeros(shape), "nvfp4")
+        assert float(q.tensor_scale) == 0.0 and q.shape == shape
+        assert jb.dequantize(q).shape == shape
+        assert float(jb.nvfp4_tensor_scale(jnp.zeros(shape))) == 0.0
+
+
+def test_nvfp4_tensor_scale_shapes_and_traced_values():
+    want = jb.quantize(X, "nvfp4", tensor_scale=0.01)
+    for ts in (np.float32(0.01), np.array(0.01, np.float32), jnp.full((1,), 0.01), [0.01]):
+        q = jb.quantize(X, "nvfp4", tensor_scale=ts)
+        assert q.tensor_scale.shape == ()
+        np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), np.asarray(want.scales).view(np.uint8))
+    # A traced tensor scale cannot be checked at trace time (documented): the shape still is; 0 gives an
+    # all-zero array (block scales computed against 1, stored scale 0), NaN an all-NaN one.
+    f = jax.jit(lambda x, t: jb.dequantize(jb.quantize(x, "nvfp4", tensor_scale=t)))
+    np.testing.assert_array_equal(np.asarray(f(X, jnp.full((1,), 0.01))), np.asarray(want.dequantize()))
+    assert np.all(np.asarray(f(X, 0.0)) == 0)
+    assert np.isnan(np.asarray(f(X, jnp.nan))).all()
+    with pytest.raises(ValueError, match=_re("got shape (3,)")):
+        f(X, jnp.ones(3))
+
+
+def test_tree_unflatten_does_not_validate():
+    # JAX rebuilds the class with placeholder leaves (PartitionSpecs, None, object()): no check there.
+    q = WEIGHTS["nvfp4"]
+    specs = jax.tree.map(lambda leaf: jax.sharding.PartitionSpec(), q)
+    assert isinstance(specs, jb.BlockScaledArray) and specs.fmt == q.fmt
+    assert jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(q), [object()] * 3).length == q.length
