@@ -56,13 +56,13 @@ def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
     None returns `x`.
     """
     validation.check_side(side)
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
     if fmt is None:
         return x
     if isinstance(fmt, str) and fmt.lower() in _DENSE_NAMES:
         return jnp.asarray(x).astype(_DENSE_NAMES[fmt.lower()])
     spec = format_for_side(fmt, side)
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
     # nvfp4 and fp8_block scales are not powers of two: the MX rounding mode does not apply to them.
     kw = dict(rounding=rounding) if isinstance(spec, MXFormat) else {}
     return _explicit.quantize(lambda t: quantize(t, spec, axis=-1, **kw), x, spec)

@@ -139,6 +139,8 @@ CALLS = [
      "rounding='floor' applies to MX formats only"),
     ("unknown_rounding_operand", lambda: jb.quantize_operand(X, "fp8_block", side="a", rounding="up"),
      ValueError, "unknown rounding 'up'"),
+    ("unknown_rounding_matmul", lambda: jb.matmul(X, WEIGHTS["mxfp4"], rounding="up"), ValueError,
+     "unknown rounding 'up'"),
     ("pack_fp4_above_15", lambda: layouts.pack_fp4(jnp.array([17, 255], jnp.int32)), ValueError,
      "pack_fp4 takes 4-bit codes 0..15, got 2 outside, e.g. [17, 255]"),
     ("pack_fp4_negative", lambda: layouts.pack_fp4(np.array([-1, 3], np.int8)), ValueError,
@@ -290,3 +292,24 @@ def test_tree_unflatten_does_not_validate():
     specs = jax.tree.map(lambda leaf: jax.sharding.PartitionSpec(), q)
     assert isinstance(specs, jb.BlockScaledArray) and specs.fmt == q.fmt
     assert jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(q), [object()] * 3).length == q.length
+
+
+def test_flax_layers_check_a_quantized_kernel():
+    pytest.importorskip("flax")
+    from flax import nnx
+
+    from jax_blockscale.nn import linen as jbl
+    from jax_blockscale.nn import nnx as jbnnx
+
+    layer = jbl.Dense(N, recipe="w4a8", use_bias=False)
+    served = jbl.quantize_params(layer, layer.init(jax.random.key(0), X), X)
+    kernel = served["params"]["kernel"]
+    bad = {"params": {"kernel": _rep(kernel, scales=kernel.scales[:, :-1])}}
+    with pytest.raises(ValueError, match="^" + _re("kernel.scales: expected shape (160, 10)")):
+        layer.apply(bad, X)
+
+    lin = jbnnx.Linear(K, N, recipe="w4a8", use_bias=False, rngs=nnx.Rngs(0))
+    lin.quantize_weights()
+    lin.kernel = nnx.data(_rep(lin.kernel, fmt="mxfp4"))
+    with pytest.raises(ValueError, match="^" + _re("kernel.fmt: expected a format object")):
+        lin(X)
