@@ -75,7 +75,7 @@ def _paths(recipe_name: str, target: str) -> str:
         a = "bf16" if fa is None else fa
         b = "bf16" if fb is None else fb
         dummy = [jax.eval_shape(lambda f=f: jb.quantize(jnp.zeros((128, 128)), f)) if f != "bf16"
-                 else jnp.zeros((1, 1), jnp.bfloat16) for f in (a, b)]
+                 else jnp.zeros((1, 128), jnp.bfloat16) for f in (a, b)]  # K must match: explain checks it
         out.append(f"{gemm} {jb.explain(dummy[0], dummy[1], target=target).path}")
     return ", ".join(out)
 

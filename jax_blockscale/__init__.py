@@ -2,7 +2,7 @@
 
 from . import formats, layouts, reference
 from .formats import FORMAT_NAMES, get_format
-from .quantize import BlockScaledArray, dequantize, quantize
+from .quantize import BlockScaledArray, dequantize, nvfp4_tensor_scale, quantize
 
 __all__ = [
     "BlockScaledArray",
@@ -11,6 +11,7 @@ __all__ = [
     "formats",
     "get_format",
     "layouts",
+    "nvfp4_tensor_scale",
     "quantize",
     "reference",
 ]

@@ -32,18 +32,29 @@ def _time(fn, *args, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--m", type=int, default=256)
-    parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--k", type=int, default=1024)
-    parser.add_argument("--reps", type=int, default=5)
+    parser = argparse.ArgumentParser(prog="python -m jax_blockscale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--m", type=_positive_int, default=256, help="rows of the activations a (M, K) (default 256)")
+    parser.add_argument("--n", type=_positive_int, default=512, help="rows of the weight b (N, K) (default 512)")
+    parser.add_argument("--k", type=_positive_int, default=1024, help="contraction size K (default 1024)")
+    parser.add_argument("--reps", type=_positive_int, default=5,
+                        help="timed calls per format pair, after one warm-up call (default 5)")
     args = parser.parse_args(argv)
 
     target = jb.detect_target()
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, device {jax.devices()[0].device_kind}, "
           f"target {target}")
-    print(jb.explain_all(target))
+    # target=None: explain for this machine's device, whatever it is (an explicit target must be one of the
+    # dispatch table's, and a GPU without kernels, e.g. sm_80, is not).
+    print(jb.explain_all())
     print()
 
     rng = np.random.default_rng(0)
@@ -61,7 +72,7 @@ def main(argv=None) -> None:
         err = float(jnp.linalg.norm(out - exact) / jnp.linalg.norm(exact))
         agree = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
         seconds = _time(matmul, a, b, reps=args.reps)
-        path = jb.explain(a, b, target=target).path
+        path = jb.explain(a, b).path
         print(f"{fa:>11} x {fb:<11} {path:<9} {err:>15.3e} {agree:>13.1e} {seconds * 1e3:>8.3f} "
               f"{flops / seconds / 1e12:>8.2f}")
 

@@ -11,11 +11,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _explicit, backends, partitioning, primitive
+from . import _explicit, backends, partitioning, primitive, validation
 from ._triton.problem import DTYPE_NAMES, TileConfig
-from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_family, format_for_side
-from .quantize import BlockScaledArray, quantize
-from .reference import check_operands
+from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_for_side
+from .quantize import DEFAULT_ROUNDING, ROUNDING_MODES, BlockScaledArray, quantize
 
 __all__ = ["matmul", "explain", "explain_all", "operand_kind", "quantize_operand"]
 
@@ -38,43 +37,6 @@ def operand_kind(x: Operand, side: str) -> str:
     return "block_fp8" if fmt.tile == DEEPSEEK_TILES[side] else f"fp8_block_{rows}x{cols}"
 
 
-def _family(x: Operand) -> str:
-    return format_family(x.fmt if isinstance(x, BlockScaledArray) else None)
-
-
-_COMPATIBLE = {
-    frozenset({"mx"}), frozenset({"nvfp4"}), frozenset({"fp8_block"}),
-    frozenset({"dense", "mx"}), frozenset({"dense", "nvfp4"}), frozenset({"dense", "fp8_block"}),
-}
-
-
-def _check_pair(a: Operand, b: Operand) -> None:
-    fa, fb = _family(a), _family(b)
-    if fa == fb == "dense":
-        raise ValueError(
-            "both operands are dense: quantize one (jax_blockscale.quantize) or pass a_format=/b_format= "
-            "to quantize inside the matmul"
-        )
-    if frozenset({fa, fb}) not in _COMPATIBLE:
-        raise ValueError(
-            f"cannot multiply {a.fmt.name} by {b.fmt.name}: their scale blocks along K differ. Supported: "
-            f"MX x MX (any element types), nvfp4 x nvfp4, fp8_block x fp8_block, dense x any"
-        )
-    if fa == fb == "fp8_block" and a.fmt.tile[1] != b.fmt.tile[1]:
-        raise ValueError(
-            f"fp8_block tiles {a.fmt.tile} and {b.fmt.tile} must have the same width along K"
-        )
-    for name, x in (("a", a), ("b", b)):
-        if isinstance(x, BlockScaledArray) and x.axis != -1:
-            raise ValueError(
-                f"{name} is quantized along axis {x.axis}; matmul contracts the last axis (b is (N, K)), so "
-                f"quantize {name} with axis=-1"
-            )
-        if not isinstance(x, BlockScaledArray) and jnp.dtype(x.dtype) not in DTYPE_NAMES:
-            raise TypeError(f"{name} must be a BlockScaledArray or a float32/bfloat16/float16 array, "
-                            f"got {x.dtype}")
-
-
 @dataclasses.dataclass(frozen=True)
 class _Static:
     out_dtype: jnp.dtype
@@ -85,19 +47,25 @@ class _Static:
     config: Optional[TileConfig]
 
 
-def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str, rounding: str = "floor") -> Operand:
+def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
+                     rounding: str = DEFAULT_ROUNDING) -> Operand:
     """`x` prepared as matmul side "a" (activations, (..., M, K)) or "b" (weight, (..., N, K)).
 
     A format quantizes along K ("fp8_block" by name takes DeepSeek-V3's tile for the side: 1x128 for a,
-    128x128 for b; `rounding` applies to MX formats only); "bf16"/"fp16"/"fp32" cast; None returns `x`.
+    128x128 for b; `rounding` applies to MX formats only, default "rceil"); "bf16"/"fp16"/"fp32" cast;
+    None returns `x`.
     """
+    validation.check_side(side)
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
     if fmt is None:
         return x
     if isinstance(fmt, str) and fmt.lower() in _DENSE_NAMES:
         return jnp.asarray(x).astype(_DENSE_NAMES[fmt.lower()])
     spec = format_for_side(fmt, side)
-    rounding = rounding if isinstance(spec, MXFormat) else "floor"
-    return _explicit.quantize(lambda t: quantize(t, spec, axis=-1, rounding=rounding), x, spec)
+    # nvfp4 and fp8_block scales are not powers of two: the MX rounding mode does not apply to them.
+    kw = dict(rounding=rounding) if isinstance(spec, MXFormat) else {}
+    return _explicit.quantize(lambda t: quantize(t, spec, axis=-1, **kw), x, spec)
 
 
 def _maybe_quantize(x: Operand, fmt, rounding: str, name: str) -> Operand:
@@ -111,7 +79,10 @@ def _raw(x: Operand, other: Operand, side: str):
     if isinstance(x, BlockScaledArray):
         ts = x.tensor_scale if x.tensor_scale is not None else jnp.ones((), jnp.float32)
         spec = primitive.OperandSpec(x.fmt, operand_kind(x, side), x.length)
-        return (x.values, x.scales, ts), spec
+        scales = x.scales
+        if scales.dtype == jnp.float8_e8m0fnu:  # e8m0 as jax.nn stores it: the kernels read the uint8 codes
+            scales = lax.bitcast_convert_type(scales, jnp.uint8)
+        return (x.values, scales, ts), spec
     values = x
     if isinstance(other, BlockScaledArray):
         pad = other.padded_length - x.shape[-1]
@@ -199,22 +170,22 @@ def matmul(
     out_dtype=jnp.bfloat16,
     a_format: Optional[FormatLike] = None,
     b_format: Optional[FormatLike] = None,
-    rounding: str = "floor",
+    rounding: str = DEFAULT_ROUNDING,
     target: Optional[str] = None,
     config: Optional[TileConfig] = None,
 ) -> jax.Array:
     """Block-scaled matmul `a (..., M, K) x b (..., N, K) -> (..., M, N)` (b is the weight, transposed).
 
     Each operand is a `BlockScaledArray` quantized along K, or a dense float array. A dense operand with
-    `a_format=`/`b_format=` is quantized inside (MX formats with `rounding=`) and gets a straight-through
-    gradient. Runs the Triton kernel for the target (`target=None` detects it: "sm_100", "sm_90", "gfx950";
-    naming one lets you lower for hardware you don't have) and the jnp reference on CPU; see `explain`.
-    Works under jit, vmap (one launch) and grad (float32 backward).
+    `a_format=`/`b_format=` is quantized inside (MX formats with `rounding=`, default "rceil") and gets a
+    straight-through gradient. Runs the Triton kernel for the target (`target=None` detects it: "sm_100",
+    "sm_90", "gfx950"; naming one lets you lower for hardware you don't have) and the jnp reference on CPU;
+    see `explain`, which accepts and rejects exactly the same operands and targets. Works under jit, vmap
+    (one launch) and grad (float32 backward). Every check runs before any compute, at trace time under jit.
     """
     if jnp.dtype(out_dtype) not in DTYPE_NAMES:
         raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {jnp.dtype(out_dtype)}")
-    if target is not None and backends._normalize_target(target) not in backends.TARGETS:
-        raise ValueError(f"unknown target {target!r}; choose one of {backends.TARGETS} or None to detect")
+    target = validation.check_target(target)
     if not isinstance(a, BlockScaledArray):
         a = jnp.asarray(a)
     if not isinstance(b, BlockScaledArray):
@@ -222,8 +193,7 @@ def matmul(
     s = _Static(jnp.dtype(out_dtype), a_format, b_format, rounding, target, config)
     qa_shape = jax.eval_shape(lambda x: _maybe_quantize(x, a_format, rounding, "a"), a)
     qb_shape = jax.eval_shape(lambda x: _maybe_quantize(x, b_format, rounding, "b"), b)
-    _check_pair(qa_shape, qb_shape)
-    check_operands(qa_shape, qb_shape)
+    validation.check_matmul_operands(qa_shape, qb_shape)
     return _matmul(a, b, s)
 
 
@@ -232,19 +202,49 @@ def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optiona
     """Which path runs for this pair: `Choice(target, path, kernel, why)`, path one of native / upcast /
     reference. `a`/`b` are operands or format names ("mxfp8", "nvfp4", "bf16", ...). `rows`: activation
     rows (batch * M) against an unbatched weight, which can pick a decode kernel; by default the rows of
-    `a` when `a` and `b` are unbatched operands, else a large problem."""
-    kinds = [_kind_of(x, side) for x, side in ((a, "a"), (b, "b"))]
+    `a` when `a` and `b` are unbatched operands, else a large problem.
+
+    Raises exactly where `matmul` would (the same `validation.check_matmul_operands` and `check_target`):
+    an incompatible pair, an inconsistent `BlockScaledArray`, an unknown explicit target.
+    """
     if rows is None and hasattr(a, "shape") and hasattr(b, "shape") and len(b.shape) == 2:
         rows = math.prod(a.shape[:-1])
-    return backends.choose(target or backends.detect_target(), *kinds, rows=rows)
+    return _explain(a, b, validation.check_target(target) or backends.detect_target(), rows)
 
 
-def _kind_of(x, side: str) -> str:
-    if not (isinstance(x, BlockScaledArray) or hasattr(x, "dtype")):
-        # A format name: the kind of a one-block operand of that format, shapes only.
-        block = format_for_side(x, side).block if x.lower() not in _DENSE_NAMES else 1
-        x = jax.eval_shape(lambda: quantize_operand(jnp.zeros((1, block), jnp.float32), x, side=side))
-    return operand_kind(x, side)
+def _explain(a, b, target: str, rows: Optional[int] = None) -> backends.Choice:
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, BlockScaledArray):
+            validation.check_block_scaled(x, name)  # before reading its shape for the stand-in's K
+    k = _explain_k(a, b)
+    qa, qb = _abstract(a, "a", k), _abstract(b, "b", k)
+    validation.check_matmul_operands(qa, qb)
+    return backends.choose(target, operand_kind(qa, "a"), operand_kind(qb, "b"), rows=rows)
+
+
+def _is_name(x) -> bool:
+    return not (isinstance(x, BlockScaledArray) or hasattr(x, "dtype"))
+
+
+def _block_of(x, side: str) -> int:
+    if isinstance(x, str) and x.lower() in _DENSE_NAMES:
+        return 1
+    return format_for_side(x, side).block
+
+
+def _explain_k(a, b) -> int:
+    """K of the stand-in operands for format names: an operand's own K, else one block of both formats."""
+    for x in (a, b):
+        if not _is_name(x):
+            return x.shape[-1]
+    return math.lcm(_block_of(a, "a"), _block_of(b, "b"))
+
+
+def _abstract(x, side: str, k: int):
+    """`x` itself, or for a format name the shapes of a one-row (1, k) operand of that format."""
+    if not _is_name(x):
+        return x
+    return jax.eval_shape(lambda: quantize_operand(jnp.zeros((1, k), jnp.float32), x, side=side))
 
 
 _EXPLAIN_PAIRS = (
@@ -255,11 +255,12 @@ _EXPLAIN_PAIRS = (
 
 
 def explain_all(target: Optional[str] = None) -> str:
-    """A table of the path each common format pair takes on `target` (default: this machine)."""
-    target = target or backends.detect_target()
+    """A table (a string: `print(jb.explain_all())`) of the path each common format pair takes on `target`
+    (default: this machine)."""
+    target = validation.check_target(target) or backends.detect_target()
     lines = [f"target: {target}"]
     for a, b in _EXPLAIN_PAIRS:
-        c = explain(a, b, target=target)
+        c = _explain(a, b, target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
     decode = explain("bf16", "mxfp4", target=target, rows=backends.DECODE_MAX_ROWS)
     lines.append(f"  decode, <= {backends.DECODE_MAX_ROWS} rows x one weight (explain(..., rows=M)): "

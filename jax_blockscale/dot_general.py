@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import validation
 from .formats import BlockFP8Format
 from .quantize import BlockScaledArray
 from .recipes import Recipe, RecipeLike, get_recipe, recipe_matmul
@@ -98,6 +99,8 @@ class BlockScaledDotGeneral:
         (lc, rc), (lb, rb) = dimension_numbers
         lhs = jnp.asarray(lhs)
         rhs_q = isinstance(rhs, BlockScaledArray)
+        if rhs_q:
+            validation.check_block_scaled(rhs, "rhs")
         rhs = rhs if rhs_q else jnp.asarray(rhs)
         l_nd, r_nd = lhs.ndim, len(rhs.shape)
         lc, lb = _canonical(lc, l_nd, "lhs contracting"), _canonical(lb, l_nd, "lhs batch")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "pack_fp4",
@@ -19,8 +20,28 @@ __all__ = [
 
 
 def pack_fp4(codes: jax.Array) -> jax.Array:
-    """(..., K) uint8 4-bit codes -> (..., K/2) uint8; element 2i in the low nibble (Triton dot_scaled)."""
-    if codes.shape[-1] % 2:
+    """(..., K) 4-bit codes (an integer array, values 0..15) -> (..., K/2) uint8; element 2i in the low
+    nibble (Triton dot_scaled).
+
+    Concrete codes outside 0..15 raise ValueError, float or bool arrays TypeError. Traced codes (under
+    `jit`) cannot be checked at trace time: there only the low 4 bits of each code are kept.
+    """
+    dtype = jnp.asarray(codes).dtype if not hasattr(codes, "dtype") else codes.dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"pack_fp4 takes integer codes 0..15, got dtype {dtype}")
+    try:
+        host = np.asarray(codes)
+    except jax.errors.TracerArrayConversionError:
+        host = None
+    if host is not None and host.size and (host.min() < 0 or host.max() > 15):
+        bad = host[(host < 0) | (host > 15)]
+        raise ValueError(f"pack_fp4 takes 4-bit codes 0..15, got {bad.size} outside, e.g. {bad[:4].tolist()}")
+    return _pack_fp4(jnp.asarray(codes))
+
+
+def _pack_fp4(codes: jax.Array) -> jax.Array:
+    """`pack_fp4` without the checks, for codes the library made itself (always 0..15)."""
+    if codes.ndim == 0 or codes.shape[-1] % 2:
         raise ValueError(f"pack_fp4 needs an even last axis, got shape {codes.shape}")
     codes = codes.astype(jnp.uint8) & 0xF
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -32,6 +53,20 @@ def unpack_fp4(packed: jax.Array) -> jax.Array:
         raise TypeError(f"unpack_fp4 takes uint8, got {packed.dtype}")
     pairs = jnp.stack([packed & 0xF, packed >> 4], axis=-1)
     return pairs.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def _need_2d(x, what: str) -> None:
+    if len(x.shape) < 2:
+        raise ValueError(f"{what} takes (..., rows, cols) scales, got shape {tuple(x.shape)}")
+
+
+def _check_extent(what: str, name: str, value, stored: int, unit: int) -> None:
+    """`value` (rows or cols asked of a padded layout) must be an int that pads to the stored `stored`."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what}: {name} must be a non-negative int, got {value!r}")
+    if -(-int(value) // unit) * unit != stored:
+        raise ValueError(f"{what}: {name}={value} does not match the layout, which holds {stored} "
+                         f"({name} padded to a multiple of {unit}: {name} in {max(stored - unit + 1, 0)}..{stored})")
 
 
 def _pad_last2(x: jax.Array, rows: int, cols: int, value=0) -> jax.Array:
@@ -50,6 +85,7 @@ def to_blackwell_scales(scales: jax.Array) -> jax.Array:
     packed[i0, j0, i2, i1, j1] = scales[i0*128 + i1*32 + i2, j0*4 + j1]; R pads to 128 and C to 4 with
     zeros (never read for in-bounds elements).
     """
+    _need_2d(scales, "to_blackwell_scales")
     s = _pad_last2(scales, 128, 4)
     *batch, r, c = s.shape
     s = s.reshape(*batch, r // 128, 4, 32, c // 4, 4)
@@ -59,10 +95,16 @@ def to_blackwell_scales(scales: jax.Array) -> jax.Array:
 
 
 def from_blackwell_scales(packed: jax.Array, rows: int, cols: int) -> jax.Array:
-    """Inverse of `to_blackwell_scales`: (..., R/128, C/4, 32, 4, 4) -> (..., rows, cols)."""
+    """Inverse of `to_blackwell_scales`: (..., R/128, C/4, 32, 4, 4) -> (..., rows, cols).
+
+    `rows` and `cols` must be the original ones: ceil(rows / 128) = R/128 and ceil(cols / 4) = C/4.
+    """
+    if len(packed.shape) < 5 or tuple(packed.shape[-3:]) != (32, 4, 4):
+        raise ValueError(f"not a Blackwell scale layout: expected (..., R/128, C/4) then trailing dims "
+                         f"(32, 4, 4), got shape {tuple(packed.shape)}")
     *batch, r0, c0, i2, i1, j1 = packed.shape
-    if (i2, i1, j1) != (32, 4, 4):
-        raise ValueError(f"not a Blackwell scale layout: trailing dims {(i2, i1, j1)} != (32, 4, 4)")
+    _check_extent("from_blackwell_scales", "rows", rows, r0 * 128, 128)
+    _check_extent("from_blackwell_scales", "cols", cols, c0 * 4, 4)
     nb = len(batch)
     perm = list(range(nb)) + [nb + 0, nb + 3, nb + 2, nb + 1, nb + 4]
     s = packed.transpose(perm).reshape(*batch, r0 * 128, c0 * 4)
@@ -92,6 +134,7 @@ def to_cdna4_scales(scales: jax.Array, mfma: int = 16) -> jax.Array:
     The same permutation as the Triton tutorial's `shuffle_scales_cdna4`; R pads to 32 and C to 8.
     """
     row_split, col_split, perm = _cdna4_geometry(mfma)
+    _need_2d(scales, "to_cdna4_scales")
     s = _pad_last2(scales, 32, 8)
     *batch, r, c = s.shape
     s = s.reshape(*batch, r // 32, *row_split, c // 8, *col_split)
@@ -101,12 +144,18 @@ def to_cdna4_scales(scales: jax.Array, mfma: int = 16) -> jax.Array:
 
 
 def from_cdna4_scales(shuffled: jax.Array, rows: int, cols: int, mfma: int = 16) -> jax.Array:
-    """Inverse of `to_cdna4_scales`: (..., R/32, C/8*256) -> (..., rows, cols)."""
+    """Inverse of `to_cdna4_scales`: (..., R/32, C/8*256) -> (..., rows, cols).
+
+    `rows` and `cols` must be the original ones: ceil(rows / 32) = R/32 and ceil(cols / 8) = C/8.
+    """
     row_split, col_split, perm = _cdna4_geometry(mfma)
+    _need_2d(shuffled, "from_cdna4_scales")
     *batch, r0, flat = shuffled.shape
     if flat % 256:
         raise ValueError(f"not a CDNA4 scale layout: last dim {flat} is not a multiple of 256")
     c0 = flat // 256
+    _check_extent("from_cdna4_scales", "rows", rows, r0 * 32, 32)
+    _check_extent("from_cdna4_scales", "cols", cols, c0 * 8, 8)
     split = (r0, *row_split, c0, *col_split)
     permuted = tuple(split[p] for p in perm)
     s = shuffled.reshape(*batch, *permuted)

@@ -2,7 +2,8 @@
 
 Rounding of MX scales (`rounding=`), following OCP Microscaling v1.0 and common practice. With
 amax = max |x| over a block and emax_elem the element type's largest normal exponent (e4m3 8, e5m2 15,
-e2m3 2, e3m2 4, e2m1 2), the shared exponent E is:
+e2m3 2, e3m2 4, e2m1 2), the shared exponent E is (the default is ``"rceil"`` in every entry point:
+`quantize`, `quantize_operand`, `matmul(a_format=...)`, the recipes):
 
 - ``"floor"`` (OCP §6.3): floor(log2(amax)) - emax_elem. Values above max_normal * 2**E saturate.
 - ``"ceil"``: ceil(log2(amax)) - emax_elem.
@@ -14,6 +15,14 @@ e2m3 2, e3m2 4, e2m1 2), the shared exponent E is:
 E is clamped to e8m0's range [-127, 127]. An all-zero block gets E = -127 (code 0x00) and zero elements; a
 block holding NaN or ±Inf gets the NaN scale 0xFF and dequantizes to NaN. Elements are x / 2**E rounded to
 nearest, ties to even, saturated to ±max_normal of the element type.
+
+nvfp4 (NVIDIA): tensor scale = tensor amax / (448 * 6), where the tensor amax is the largest block amax
+among the blocks that hold no NaN or Inf (0 if there is none: all-zero, all non-finite, or empty input;
+then the stored tensor scale is 0 and block scales are computed against 1). So, as in MX, a NaN or Inf
+only makes its own block NaN (NaN block scale). Block scale = e4m3(block amax / 6 / tensor scale), RNE,
+saturating; elements = RNE-e2m1(x / (block scale * tensor scale)), saturating at 6. An explicit
+`tensor_scale=` must be finite and > 0; a traced one cannot be checked at trace time (0 then dequantizes
+to zeros, NaN to NaN).
 
 float32 subnormal inputs (|x| < 2**-126) are computed on as the backend does: XLA's CPU backend flushes
 them to zero.
@@ -40,13 +49,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import elements
+from . import elements, validation
 from .formats import BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, get_format
-from .layouts import pack_fp4, unpack_fp4
+from .layouts import _pack_fp4, unpack_fp4
 
-__all__ = ["BlockScaledArray", "quantize", "dequantize", "nvfp4_tensor_scale", "ROUNDING_MODES"]
+__all__ = ["BlockScaledArray", "quantize", "dequantize", "nvfp4_tensor_scale", "ROUNDING_MODES",
+           "DEFAULT_ROUNDING"]
 
 ROUNDING_MODES = ("floor", "ceil", "even", "rceil")
+# NVIDIA's MXFP8 recipe and jax.nn's quantizer use rceil (bit-identical to ours); it never saturates the
+# largest element of a block, which floor does when the block amax's mantissa exceeds the element max's.
+DEFAULT_ROUNDING = "rceil"
 _FLOAT_INPUTS = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -108,6 +121,9 @@ class BlockScaledArray:
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        raise ValueError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
+    axis = int(axis)
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for an array of rank {ndim}")
     return axis - ndim if axis >= 0 else axis
@@ -292,10 +308,46 @@ def _quantize_mx(x: jax.Array, fmt: MXFormat, rounding: str):
     return codes, elements.encode_e8m0(e, bad)
 
 
-def nvfp4_tensor_scale(x: jax.Array) -> jax.Array:
-    """nvfp4's per-tensor scale: amax(x) / (448 * 6), so that block scales use e4m3's full range."""
-    x = jnp.asarray(x)
-    return _div_rn(_block_amax(x, tuple(range(x.ndim))), 448.0 * 6.0)
+def _tensor_amax(block_amax: jax.Array) -> jax.Array:
+    """nvfp4's tensor amax from the per-block maxima: the largest amax of a block that holds no NaN/Inf.
+
+    0 when there is no such block (every block non-finite or all-zero, or an empty input), which the
+    callers treat as the all-zero case. Excluding non-finite blocks keeps a NaN or Inf confined to its own
+    block, as in the MX formats: otherwise it would become the tensor scale and every block NaN.
+    """
+    finite = jnp.where(jnp.isfinite(block_amax), block_amax, jnp.float32(0))
+    return jnp.max(finite, initial=jnp.float32(0))
+
+
+def nvfp4_tensor_scale(x: jax.Array, axis: int = -1) -> jax.Array:
+    """nvfp4's per-tensor scale: tensor amax / (448 * 6), so that block scales use e4m3's full range.
+
+    The tensor amax is the largest |x| over the 16-element blocks along `axis` (the axis `quantize` would
+    block along) that hold no NaN or Inf; 0 if no block does (see `quantize`). x: float32/bfloat16/float16,
+    any shape of rank >= 1. Returns a float32 scalar.
+    """
+    x = _check_input(x)
+    axis = _normalize_axis(axis, x.ndim)
+    xf = jnp.moveaxis(_pad_to_blocks(x, axis, NVFP4Format.block), axis, -1)
+    return _div_rn(_tensor_amax(_block_amax(_split_blocks(xf, NVFP4Format.block), -1)), 448.0 * 6.0)
+
+
+def _tensor_scale_arg(tensor_scale) -> jax.Array:
+    """An explicit nvfp4 `tensor_scale=` as a float32 scalar: a Python/NumPy scalar, a shape-() or shape-(1,)
+    array (jax.nn's convention). A concrete value must be finite and > 0; a traced one cannot be checked
+    at trace time and is used as given (0 dequantizes to zeros, NaN to NaN)."""
+    ts = jnp.asarray(tensor_scale, jnp.float32)
+    if ts.shape not in ((), (1,)):
+        raise ValueError(f"tensor_scale: expected a scalar or a one-element array (shape () or (1,)), "
+                         f"got shape {ts.shape}")
+    ts = ts.reshape(())
+    try:
+        value = float(ts)
+    except jax.errors.ConcretizationTypeError:
+        return ts
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"tensor_scale: expected a finite value > 0, got {value}")
+    return ts
 
 
 def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
@@ -304,10 +356,8 @@ def _quantize_nvfp4(x: jax.Array, fmt: NVFP4Format, tensor_scale):
     bad = ~jnp.isfinite(amax)
     if tensor_scale is None:
         # nvfp4_tensor_scale(x), from the block maxima instead of another pass over x (the same value).
-        tensor_scale = _div_rn(_block_amax(amax, tuple(range(amax.ndim))), 448.0 * 6.0)
+        tensor_scale = _div_rn(_tensor_amax(amax), 448.0 * 6.0)
     tensor_scale = jnp.asarray(tensor_scale, jnp.float32)
-    if tensor_scale.shape != ():
-        raise ValueError(f"nvfp4 tensor_scale must be a scalar, got shape {tensor_scale.shape}")
     with jax.enable_x64(True):
         ts = _widen(tensor_scale)
         # A zero tensor scale (all-zero input) would divide by zero; 1.0 keeps every block scale zero.
@@ -370,7 +420,7 @@ def quantize(
     fmt: FormatLike,
     *,
     axis: int = -1,
-    rounding: str = "floor",
+    rounding: str = DEFAULT_ROUNDING,
     block: tuple[int, int] | None = None,
     tensor_scale: jax.Array | float | None = None,
 ) -> BlockScaledArray:
@@ -382,12 +432,13 @@ def quantize(
       fmt: a format name (`"mxfp8"`, `"mxfp8_e5m2"`, `"mxfp6_e2m3"`, `"mxfp6_e3m2"`, `"mxfp4"`, `"nvfp4"`,
         `"fp8_block"`) or a format object from `jax_blockscale.formats`.
       axis: the axis that blocks run along (the contraction axis of the matmul this feeds).
-      rounding: MX scale rounding, one of `"floor"`, `"ceil"`, `"even"`, `"rceil"` (module docstring).
-        nvfp4 and fp8_block scales are not powers of two and ignore it (only `"floor"` is accepted
-        silently, as the default).
+      rounding: MX scale rounding, one of `"rceil"` (the default, as NVIDIA's recipe and `jax.nn`),
+        `"floor"` (OCP), `"ceil"`, `"even"` (module docstring). nvfp4 and fp8_block scales are not powers
+        of two and ignore it (only the default is accepted silently).
       block: `(rows, cols)` tile for `fp8_block`: `(1, 128)` DeepSeek activations, `(128, 128)` DeepSeek
         weights, default `(256, 256)`.
-      tensor_scale: nvfp4 only: a float32 scalar to use instead of amax(x) / (448 * 6).
+      tensor_scale: nvfp4 only: the per-tensor scale to use instead of tensor amax / (448 * 6); a scalar or
+        a shape-(1,) array, finite and > 0 (checked when concrete; a traced value is not checked).
 
     Returns:
       A `BlockScaledArray`.
@@ -397,14 +448,16 @@ def quantize(
     axis = _normalize_axis(axis, x.ndim)
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
-    if not isinstance(spec, MXFormat) and rounding != "floor":
+    if not isinstance(spec, MXFormat) and rounding != DEFAULT_ROUNDING:
         raise ValueError(f"rounding={rounding!r} applies to MX formats only; {spec.name} scales are not powers of two")
-    if tensor_scale is not None and not isinstance(spec, NVFP4Format):
-        raise ValueError(f"tensor_scale applies to nvfp4 only, not {spec.name}")
+    if tensor_scale is not None:
+        if not isinstance(spec, NVFP4Format):
+            raise ValueError(f"tensor_scale applies to nvfp4 only, not {spec.name}")
+        tensor_scale = _tensor_scale_arg(tensor_scale)
     if _fused_eligible(x, spec, axis):
         from .quantize_primitive import quantize_pair
 
-        ts = nvfp4_tensor_scale(x) if isinstance(spec, NVFP4Format) and tensor_scale is None else tensor_scale
+        ts = nvfp4_tensor_scale(x, axis=-1) if isinstance(spec, NVFP4Format) and tensor_scale is None else tensor_scale
         x2 = x.reshape(1, -1) if x.ndim == 1 else x
         q, _ = quantize_pair(x2, spec, None, rounding=rounding, row_ts=ts)
         if x.ndim == 1:
@@ -451,7 +504,7 @@ def _store_codes(codes: jax.Array, spec: Format) -> jax.Array:
     if spec.element.bits == 8:
         return lax.bitcast_convert_type(codes, spec.element.jnp_dtype)
     if spec.elements_per_byte == 2:
-        return pack_fp4(codes)
+        return _pack_fp4(codes)
     return codes
 
 
@@ -463,9 +516,13 @@ def _load_codes(values: jax.Array, spec: Format) -> jax.Array:
 
 
 def dequantize(q: BlockScaledArray, dtype=jnp.float32) -> jax.Array:
-    """Reconstructs the array `q` was quantized from (up to rounding), in its logical shape, as `dtype`."""
+    """Reconstructs the array `q` was quantized from (up to rounding), in its logical shape, as `dtype`
+    (float32, bfloat16, float16 or float64). `q` is checked field by field first
+    (`validation.check_block_scaled`)."""
     if not isinstance(q, BlockScaledArray):
         raise TypeError(f"dequantize takes a BlockScaledArray, got {type(q).__name__}")
+    validation.check_block_scaled(q, "q")
+    dtype = validation.check_float_dtype(dtype, "dtype")
     spec, axis = q.fmt, q.axis
     if isinstance(spec, BlockFP8Format):
         out = _dequantize_block_fp8(q)

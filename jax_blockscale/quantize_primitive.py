@@ -246,5 +246,5 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
         return (None if row is None else quantize_operand(x, row, side="a", rounding=rounding),
                 None if col is None else quantize_operand(xt, col, side="a", rounding=rounding))
     row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
-    col_ts = nvfp4_tensor_scale(xt) if isinstance(col, NVFP4Format) else None
+    col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
     return quantize_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)

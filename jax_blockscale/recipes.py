@@ -49,7 +49,7 @@ from typing import Optional, Union
 import jax
 import jax.numpy as jnp
 
-from . import _explicit
+from . import _explicit, validation
 from .api import matmul, quantize_operand
 from .formats import DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, format_family, format_for_side
 from .quantize import ROUNDING_MODES, BlockScaledArray
@@ -259,6 +259,8 @@ def _explain(r: Recipe, x_shape, w_shape, why: str) -> ValueError:
 
 def _check(r: Recipe, x, w) -> None:
     """Trace-time checks, so a bad shape or operand fails with an explanation, not deep in a kernel."""
+    if isinstance(w, BlockScaledArray):
+        validation.check_block_scaled(w, "w")
     xs, ws = tuple(x.shape), tuple(w.shape)
     if isinstance(x, BlockScaledArray):
         raise _explain(r, xs, ws, "x is a BlockScaledArray; pass activations dense, the recipe quantizes them")

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .quantize import BlockScaledArray, dequantize
+from .validation import check_block_scaled, check_operands
 
 __all__ = ["matmul", "Operand", "operand_shape"]
 
@@ -40,28 +41,14 @@ def _as_float32(x: Operand, name: str) -> jax.Array:
     return x.astype(jnp.float32)
 
 
-def check_operands(a: Operand, b: Operand) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Validates the NT matmul shapes: a (..., M, K), b (..., N, K). Returns both logical shapes."""
-    sa, sb = operand_shape(a), operand_shape(b)
-    if len(sa) < 2 or len(sb) < 2:
-        raise ValueError(f"matmul needs a of shape (..., M, K) and b of shape (N, K); got {sa} and {sb}")
-    if sa[-1] != sb[-1]:
-        raise ValueError(
-            f"contraction sizes differ: a is {sa} and b is {sb} (b is (N, K), i.e. the weight transposed); "
-            f"their last axes must match"
-        )
-    try:
-        jnp.broadcast_shapes(sa[:-2], sb[:-2])
-    except ValueError:
-        raise ValueError(f"batch dims of a {sa[:-2]} and b {sb[:-2]} do not broadcast") from None
-    return sa, sb
-
-
 def matmul(a: Operand, b: Operand, out_dtype=jnp.float32) -> jax.Array:
     """a (..., M, K) x b (..., N, K) -> (..., M, N), each operand quantized along K or dense.
 
     Any pair of formats is accepted, mixed ones included; batch dims of a and b broadcast.
     """
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, BlockScaledArray):
+            check_block_scaled(x, name)
     check_operands(a, b)
     af, bf = _as_float32(a, "a"), _as_float32(b, "b")
     out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=lax.Precision.HIGHEST,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_blockscale as jb
-from jax_blockscale import primitive
+from jax_blockscale import backends, primitive
 
 RNG = np.random.default_rng(0)
 
@@ -160,7 +160,11 @@ def test_explain_names_each_path():
     assert jb.explain("nvfp4", "nvfp4", target="gfx950").path == "upcast"
     assert jb.explain("mxfp4", "mxfp4", target="gfx950").path == "native"
     assert jb.explain("mxfp8", "mxfp8", target="cpu").path == "reference"
-    unknown = jb.explain("mxfp8", "mxfp8", target="sm_80")
+    # An explicit target outside the table is rejected, as matmul rejects it; a detected GPU without
+    # kernels (an A100 is "sm_80") is served by the reference, and the dispatch says why.
+    with pytest.raises(ValueError, match="unknown target 'sm_80'"):
+        jb.explain("mxfp8", "mxfp8", target="sm_80")
+    unknown = backends.choose("sm_80", "e4m3", "e4m3")
     assert unknown.path == "reference" and "sm_80" in unknown.why
     fp32_dense = jb.explain(_x(2, 32), _q(_x(4, 32), "mxfp8", "b"), target="sm_90")
     assert fp32_dense.path == "reference"  # never a silent downcast of float32 activations

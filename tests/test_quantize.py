@@ -170,13 +170,15 @@ def ref_nvfp4(x, tensor_scale=None):
     """x float32, quantized axis last -> (e2m1 codes, e4m3 scale codes, scale values f32, ts, bad)."""
     x = _pad_last(np.asarray(x, np.float32), 16)
     with np.errstate(invalid="ignore", over="ignore"):
+        b = x.reshape(*x.shape[:-1], -1, 16)
+        bad = ~np.all(np.isfinite(b), axis=-1)
         if tensor_scale is None:
-            ts = np.float32(np.max(np.abs(x))) / np.float32(448.0 * 6.0)
+            # The tensor amax skips blocks holding NaN/Inf (0 when none is left), so they stay confined.
+            finite = np.abs(np.where(bad[..., None], np.float32(0), b))
+            ts = np.float32(np.max(finite, initial=np.float32(0))) / np.float32(448.0 * 6.0)
         else:
             ts = np.float32(tensor_scale)
         ts0 = np.float32(1.0) if ts == 0 else ts
-        b = x.reshape(*x.shape[:-1], -1, 16)
-        bad = ~np.all(np.isfinite(b), axis=-1)
         amax = np.max(np.abs(b), axis=-1).astype(np.float32)
         bs_in = (amax / np.float32(6.0)) / ts0  # float32, left to right
         bs_in = np.where(bad, 0, bs_in)
@@ -263,8 +265,13 @@ def _qd_jit(x, tensor_scale, *, fmt, rounding, axis, block):
     return q, jb.dequantize(q)
 
 
-def Q(x, fmt, *, rounding="floor", axis=-1, block=None, tensor_scale=None):
-    """quantize + dequantize: eagerly on TABLE_SHAPE float32 input, jitted otherwise. Returns (q, deq)."""
+def Q(x, fmt, *, rounding=None, axis=-1, block=None, tensor_scale=None):
+    """quantize + dequantize: eagerly on TABLE_SHAPE float32 input, jitted otherwise. Returns (q, deq).
+
+    MX formats default to rounding="floor" here (these tables were written for it; the library's default is
+    "rceil"); the other formats take no rounding."""
+    if rounding is None:
+        rounding = "floor" if isinstance(jb.get_format(fmt, block=block), jb.formats.MXFormat) else qmod.DEFAULT_ROUNDING
     x = jnp.asarray(x)
     if x.shape == TABLE_SHAPE and x.dtype == jnp.float32:
         q = jb.quantize(x, fmt, rounding=rounding, axis=axis, block=block, tensor_scale=tensor_scale)
@@ -597,10 +604,16 @@ def test_nvfp4_nonfinite_blocks():
     _, deq, _, _ = check_nvfp4(t, tensor_scale=0.01)
     deq = deq.reshape(64, 4, 16)
     assert np.all(np.isnan(deq[bad])) and np.all(np.isfinite(deq[~bad]))
-    # With the default tensor scale, the NaN/Inf reaches amax(x) and so the tensor scale itself.
-    q, deq = Q(t, "nvfp4")
-    assert not np.isfinite(float(q.tensor_scale))
-    assert np.all(np.isnan(deq.reshape(64, 4, 16)[bad]))
+    # With the default tensor scale the NaN/Inf blocks are left out of the tensor amax: still only they
+    # dequantize to NaN, and the tensor scale is the finite blocks' amax / 2688.
+    q, deq, _, _ = check_nvfp4(t)
+    finite_amax = np.abs(t.reshape(64, 4, 16))[~bad].max()
+    assert float(q.tensor_scale) == np.float32(finite_amax) / np.float32(2688.0)
+    deq = deq.reshape(64, 4, 16)
+    assert np.all(np.isnan(deq[bad])) and np.all(np.isfinite(deq[~bad]))
+    # Every block non-finite: tensor amax 0, handled as the all-zero tensor (stored tensor scale 0).
+    q, deq = Q(np.full(TABLE_SHAPE, np.nan, np.float32), "nvfp4")
+    assert float(q.tensor_scale) == 0.0 and np.all(np.isnan(deq))
 
 
 def test_nvfp4_zero_tensor():
@@ -621,7 +634,10 @@ def test_tensor_scale_override():
     # A tiny tensor scale saturates every e4m3 block scale at 448.
     q, _, _, _ = check_nvfp4(x, tensor_scale=1e-6)
     assert np.all(np.asarray(q.scales).astype(np.float32) == 448.0)
-    with pytest.raises(ValueError, match="must be a scalar"):
+    # jax.nn's convention, a one-element array, is the same scale.
+    q1, _ = Q(x, "nvfp4", tensor_scale=np.full((1,), 0.5, np.float32))
+    _leaves_equal(q1, Q(x, "nvfp4", tensor_scale=0.5)[0])
+    with pytest.raises(ValueError, match="expected a scalar or a one-element array"):
         jb.quantize(x, "nvfp4", tensor_scale=np.ones(2, np.float32))
     with pytest.raises(ValueError, match="tensor_scale applies to nvfp4 only"):
         jb.quantize(x, "mxfp8", tensor_scale=1.0)
@@ -846,9 +862,9 @@ def test_e8m0_scale_dtype_accepted_by_dequantize():
         ("mxfp4", "rceil", 2.0**-1),
         # nvfp4: the e4m3 block scale is within 2**-4 of amax/6/ts (normal e4m3 range), so |x|/denom <= 6.4
         # and the error is at most one e2m1 half quantum (1) times denom <= amax/6 * 17/16 < 0.18 * amax.
-        ("nvfp4", "floor", 0.18),
+        ("nvfp4", None, 0.18),
         # fp8_block: x/scale <= 448 and half an e4m3 quantum is at most 16: error <= 16 * amax/448 = amax/28.
-        ("fp8_block", "floor", 1 / 28 * (1 + 1e-6)),
+        ("fp8_block", None, 1 / 28 * (1 + 1e-6)),
     ],
 )
 def test_round_trip_error_bounds(fmt, rounding, bound):
@@ -879,8 +895,9 @@ def test_half_precision_nonfinite_blocks(dtype):
         q = jax.jit(lambda v: jb.quantize(v, name, **kw))(x)
         q32 = jb.quantize(x32, name, **kw)
         _leaves_equal(q, q32)
-    q, _ = Q(x, "nvfp4")  # default tensor scale: amax(x) is NaN
-    assert np.isnan(float(q.tensor_scale))
+    q, _ = Q(x, "nvfp4")  # default tensor scale: the NaN/Inf blocks are left out of the tensor amax
+    assert np.isfinite(float(q.tensor_scale)) and float(q.tensor_scale) > 0
+    _leaves_equal(q, jb.quantize(x32, "nvfp4"))
 
 
 def test_div_rn_is_correctly_rounded():
@@ -953,8 +970,9 @@ def test_bad_inputs():
         jb.quantize(np.float32(1.0), "mxfp8")
     with pytest.raises(ValueError, match=r"rounding='ceil' applies to MX formats only"):
         jb.quantize(x, "nvfp4", rounding="ceil")
-    with pytest.raises(ValueError, match=r"rounding='rceil' applies to MX formats only"):
-        jb.quantize(x, "fp8_block", rounding="rceil")
+    with pytest.raises(ValueError, match=r"rounding='floor' applies to MX formats only"):
+        jb.quantize(x, "fp8_block", rounding="floor")
+    jb.quantize(x, "fp8_block", rounding="rceil")  # the default, accepted for every format
     with pytest.raises(ValueError, match=r"axis 2 is out of range"):
         jb.quantize(x, "mxfp8", axis=2)
     with pytest.raises(ValueError, match=r"two positive ints"):
@@ -999,7 +1017,7 @@ def _leaves_equal(a, b):
 
 
 _JIT_CASES = [("mxfp8", "floor", None), ("mxfp6_e2m3", "even", None), ("mxfp4", "rceil", None),
-              ("nvfp4", "floor", None), ("fp8_block", "floor", (1, 32))]
+              ("nvfp4", "rceil", None), ("fp8_block", "rceil", (1, 32))]
 
 
 @pytest.mark.parametrize("fmt, rounding, block", _JIT_CASES, ids=[c[0] for c in _JIT_CASES])

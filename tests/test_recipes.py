@@ -51,7 +51,8 @@ def _rel(a, b) -> float:
 def _q(t, fmt, rounding):
     if fmt is None:
         return t
-    return jb.quantize(t, fmt, rounding=rounding if isinstance(fmt, jb.formats.MXFormat) else "floor")
+    # nvfp4 and fp8_block take no rounding mode.
+    return jb.quantize(t, fmt, **({"rounding": rounding} if isinstance(fmt, jb.formats.MXFormat) else {}))
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))

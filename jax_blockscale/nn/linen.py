@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax.core import meta
 from flax.linen.dtypes import promote_dtype
 
+from .. import validation
 from ..quantize import BlockScaledArray
 from ..recipes import RecipeLike, get_recipe, quantize_weight, quantized_dense
 
@@ -70,6 +71,7 @@ class Dense(nn.Module):
             kernel = self.param("kernel", self.kernel_init, (k, self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
         if isinstance(kernel, BlockScaledArray):
+            validation.check_block_scaled(kernel, "/".join(("kernel",) if not self.path else (*self.path, "kernel")))
             if kernel.shape[-2:] != (self.features, k):
                 raise ValueError(f"{self.path}: the quantized kernel is {kernel.shape}, expected "
                                  f"(features, in_features) = {(self.features, k)}")

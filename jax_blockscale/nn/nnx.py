@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .. import validation
 from .._explicit import quantized_spec
 from ..quantize import BlockScaledArray
 from ..recipes import Recipe, RecipeLike, get_recipe, quantize_weight, quantized_dense
@@ -59,6 +60,7 @@ class Linear(nnx.Module):
         kernel = jax.tree.map(lambda p: p.get_value(), self.kernel, is_leaf=_is_variable)
         bias = self.bias.get_value() if self.bias is not None else None
         if isinstance(kernel, BlockScaledArray):
+            validation.check_block_scaled(kernel, "kernel")
             dtype = self.dtype or jnp.result_type(inputs, *(() if bias is None else (bias,)))
             x, w_t = jnp.asarray(inputs, dtype), kernel
         else:
