@@ -207,8 +207,6 @@ def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optiona
     Raises exactly where `matmul` would (the same `validation.check_matmul_operands` and `check_target`):
     an incompatible pair, an inconsistent `BlockScaledArray`, an unknown explicit target.
     """
-    if rows is None and hasattr(a, "shape") and hasattr(b, "shape") and len(b.shape) == 2:
-        rows = math.prod(a.shape[:-1])
     return _explain(a, b, validation.check_target(target) or backends.detect_target(), rows)
 
 
@@ -219,6 +217,8 @@ def _explain(a, b, target: str, rows: Optional[int] = None) -> backends.Choice:
     k = _explain_k(a, b)
     qa, qb = _abstract(a, "a", k), _abstract(b, "b", k)
     validation.check_matmul_operands(qa, qb)
+    if rows is None and not _is_name(a) and not _is_name(b) and len(b.shape) == 2:
+        rows = math.prod(a.shape[:-1])  # after validation: an inconsistent operand has no trusted shape
     return backends.choose(target, operand_kind(qa, "a"), operand_kind(qb, "b"), rows=rows)
 
 
