@@ -133,8 +133,7 @@ def _launch(x, ts, *, row, col, compute_capability):
     return list(outs)
 
 
-mlir.register_lowering(quantize_p, functools.partial(mlir.lower_fun(_reference, multiple_results=True)),
-                       platform="cpu")
+mlir.register_lowering(quantize_p, mlir.lower_fun(_reference, multiple_results=True), platform="cpu")
 mlir.register_lowering(quantize_p, _gpu_lowering, platform="cuda")
 mlir.register_lowering(quantize_p, _gpu_lowering, platform="rocm")
 
@@ -143,7 +142,7 @@ def _batching_rule(args, dims, *, row, col):
     x, ts = args
     dx, dts = dims
     if dts is not None:  # per-example tensor scales: the jnp quantizer, vmapped
-        outs = jax.vmap(functools.partial(_vmapped_reference, row=row, col=col), in_axes=(dx, dts))(x, ts)
+        outs = jax.vmap(functools.partial(_reference, row=row, col=col), in_axes=(dx, dts))(x, ts)
         return outs, [0] * 4
     x = jnp.moveaxis(x, dx, 0)
     v = x.shape[0]
@@ -154,10 +153,6 @@ def _batching_rule(args, dims, *, row, col):
     for out, (shape, _) in zip(outs, p.out_shapes):
         result.append(out.reshape((v, shape[0] // v) + shape[1:]) if shape != (1,) else jnp.broadcast_to(out, (v, 1)))
     return result, [0] * 4
-
-
-def _vmapped_reference(x, ts, *, row, col):
-    return _reference(x, ts, row=row, col=col)
 
 
 batching.primitive_batchers[quantize_p] = _batching_rule

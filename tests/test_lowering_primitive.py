@@ -11,12 +11,9 @@ import pytest
 
 import jax_blockscale as jb
 
-pytest.importorskip("triton")
-jt = pytest.importorskip("jax_blockscale._triton.jt")
-try:
-    jt.jax_triton()
-except ImportError as e:  # pragma: no cover - depends on the install
-    pytest.skip(f"jax-triton cannot import here: {e}", allow_module_level=True)
+from _jax_triton import require_jax_triton
+
+jt = require_jax_triton()
 
 
 def _q(shape, fmt, side):

@@ -28,12 +28,9 @@ from jax.sharding import PartitionSpec as P
 import jax_blockscale as jb
 from jax_blockscale import primitive
 
-pytest.importorskip("triton")
-jt = pytest.importorskip("jax_blockscale._triton.jt")
-try:
-    jt.jax_triton()
-except ImportError as e:  # pragma: no cover - depends on the install
-    pytest.skip(f"jax-triton cannot import here: {e}", allow_module_level=True)
+from _jax_triton import require_jax_triton
+
+jt = require_jax_triton()
 from jax._src.lib import gpu_triton  # noqa: E402
 
 if not hasattr(gpu_triton, "TritonKernel"):  # pragma: no cover - depends on the install
