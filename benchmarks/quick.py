@@ -160,6 +160,14 @@ def run_quant(q: Quick, sizes: Sizes) -> None:
         q.add("quant", case, f"{label} + transpose", lambda op2=op2, tol=tol, how=how: bl.run_jax(
             "quantize_t", op2, xs, _both_ref, q.cfg, tol=tol, post=_both_dequantized, note=how),
             nbytes=nb + written2)
+    # nvfp4 with the tensor scale passed in (a calibrated or previous step's amax, as serving and delayed
+    # scaling use it): the kernel alone, no amax reduction over x first.
+    ts = float(jb.nvfp4_tensor_scale(xs[0][0]))
+    op = lambda x: jb.quantize(x, "nvfp4", tensor_scale=ts)  # noqa: E731
+    written = tree_nbytes(jax.eval_shape(op, xs[0][0]))
+    q.add("quant", case, "nvfp4, tensor scale given", lambda: bl.run_jax(
+        "quantize", op, xs, bl.quantize_ref, q.cfg, tol=QUANT_FORMATS["nvfp4"][1], post=bl.dequantize_f32),
+        nbytes=nb + written)
 
 
 # ---- matmuls -----------------------------------------------------------------------------------------
