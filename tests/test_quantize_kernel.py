@@ -40,6 +40,24 @@ CASES += [
     dict(row=["fp8_block", [256, 256]], col=None, rounding="rceil", dtype="bf16", shape=[300, 270], seed=107),
     dict(row=None, col=["mxfp4", None], rounding="rceil", dtype="bf16", shape=[33, 64], seed=108),
 ]
+# Every way the column side can be computed (quantize_kernels.COL_MODES), beside the default each case
+# above takes: x^T row-wise ("trans"), down x's columns then the codes transposed ("direct"), the row
+# side's codes transposed ("reuse", square fp8 tiles).
+CASES += [
+    dict(row=["mxfp8", None], col=["mxfp8", None], rounding="rceil", dtype="bf16", shape=[2, 72, 150], seed=201,
+         col_mode="direct"),
+    dict(row=["mxfp8", None], col=["mxfp6_e3m2", None], rounding="even", dtype="f32", shape=[72, 150], seed=202,
+         col_mode="direct"),
+    dict(row=None, col=["mxfp4", None], rounding="floor", dtype="f16", shape=[100, 40], seed=203, col_mode="direct"),
+    dict(row=["nvfp4", None], col=["nvfp4", None], rounding="rceil", dtype="f32", shape=[64, 96], seed=204,
+         col_mode="direct"),
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [1, 128]], rounding="rceil", dtype="bf16",
+         shape=[2, 129, 131], seed=205, col_mode="direct"),
+    dict(row=["fp8_block", [128, 128]], col=["fp8_block", [128, 128]], rounding="rceil", dtype="f32",
+         shape=[130, 260], seed=206, col_mode="trans"),
+    dict(row=["fp8_block", [128, 128]], col=["fp8_block", [128, 128]], rounding="rceil", dtype="bf16",
+         shape=[130, 260], seed=207, col_mode="direct"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +71,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]

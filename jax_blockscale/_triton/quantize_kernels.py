@@ -211,6 +211,7 @@ def quantize_kernel(
     C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr, C_TW: tl.constexpr,
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
+    COL_MODE: tl.constexpr = "trans",
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
@@ -233,12 +234,20 @@ def quantize_kernel(
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
     if C_KIND != "none":
-        # The column side quantizes x^T row-wise: one transpose of the tile through shared memory, after
-        # which its blocks run along the contiguous axis (as on the row side) and its codes are stored
-        # already in (C, R) order. (Reducing down x's columns instead was 2-4x slower on an H100.)
-        codes, scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH, BC, BR,
-                                         C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
-        _store_side(codes, scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
+        if COL_MODE == "reuse":
+            # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
+            # side's, so its codes and scales are the row side's transposed (uint8 / one per tile).
+            c_codes, c_scales = tl.trans(codes), tl.trans(scales)
+        elif COL_MODE == "direct":
+            # Quantize down x's columns where x lies, then transpose only the 1-byte codes (and the scales)
+            # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
+            c_codes, c_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
+                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
+            c_codes, c_scales = tl.trans(c_codes), tl.trans(c_scales)
+        else:  # "trans": quantize x^T row-wise (one float32 transpose of the tile through shared memory)
+            c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
+                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
+        _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
                     C_EPB, BC, BR, C_TW, C_TH)
 
 
@@ -318,21 +327,48 @@ def _scale_dtype(fmt: Format) -> np.dtype:
     return np.dtype(np.float32) if isinstance(fmt, BlockFP8Format) else np.dtype(np.uint8)
 
 
-def plan(batch: int, r: int, c: int, row: Side, col: Side) -> Plan:
-    """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides."""
+COL_MODES = ("trans", "direct", "reuse")
+
+
+def _reusable(row: Side, col: Side) -> bool:
+    """The column side's blocks are the row side's (same fp8 format, square tile): reuse its codes."""
+    return (isinstance(row.fmt, BlockFP8Format) and row.fmt == col.fmt and row.fmt.tile[0] == row.fmt.tile[1])
+
+
+def default_col_mode(row: Side, col: Side) -> str:
+    if _reusable(row, col):
+        return "reuse"
+    return "trans"
+
+
+def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
+         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None) -> Plan:
+    """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
+
+    col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them)."""
     for side in (row, col):
         why = supported_side(side.fmt)
         if why:
             raise ValueError(why)
+    if col_mode is None:
+        col_mode = default_col_mode(row, col)
+    if col_mode not in COL_MODES or (col_mode == "reuse" and not _reusable(row, col)):
+        raise ValueError(f"col_mode {col_mode!r} does not apply to {row} / {col}")
     heights = [_tile(s.fmt, s is col)[0] for s in (row, col) if s.fmt is not None]
     widths = [_tile(s.fmt, s is col)[1] for s in (row, col) if s.fmt is not None]
     # At least 64 x 64: enough bytes per program to stream; block dims are powers of two, so the largest
     # height (width) is a multiple of every other one.
     br = max([64] + heights)
     bc = max([64] + widths)
+    if tile is not None:
+        if tile[0] % br or tile[1] % bc or any(t & (t - 1) for t in tile):
+            raise ValueError(f"tile {tile} must be powers of two holding whole blocks ({br} x {bc})")
+        br, bc = tile
     elements = br * bc
-    num_warps = 4 if elements <= 64 * 64 else 8 if elements <= 128 * 128 else 16
-    ce = dict(R=r, C=c, BR=br, BC=bc, **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
+    if num_warps is None:
+        num_warps = 4 if elements <= 64 * 64 else 8 if elements <= 128 * 128 else 16
+    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans",
+              **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
         if side.fmt is None:

@@ -1,0 +1,154 @@
+"""The quantization kernel's launch variants, timed against an XLA `x * 2` pass: which to make the default.
+
+    python -m benchmarks.quant_variants                 # every case x variant, bf16 8192 x 8192, on a GPU
+    python -m benchmarks.quant_variants --cases mxfp8+T,fp8_1x128+T --modes direct --warps 4,8
+    python -m benchmarks.quant_variants --tiny          # tiny shape, checks the harness (CPU: no kernel time)
+
+A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
+computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
+the row side's codes transposed ("reuse", square fp8 tiles on both sides). Every variant's outputs are first
+compared bit for bit with the jnp quantizer run on the same device (`quantize_primitive._reference`); a
+variant that differs is reported and not timed. Rate: ideal bytes (input read once + every output written)
+per second of kernel time (CUPTI, `_kernel_time`), as a fraction of the `x * 2` pass's rate (bf16 read +
+written), the metric of issue #11.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import itertools  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale import quantize_primitive as qp  # noqa: E402
+from jax_blockscale._triton import jt  # noqa: E402
+from jax_blockscale._triton import quantize_kernels as qk  # noqa: E402
+from jax_blockscale.formats import get_format  # noqa: E402
+
+from ._kernel_time import kernel_times  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FP8_1x128 = get_format("fp8_block", block=(1, 128))
+FP8_128 = get_format("fp8_block", block=(128, 128))
+CASES = {  # label -> (row format, column format); nvfp4 sides get the tensor scale passed in
+    "mxfp8": (get_format("mxfp8"), None),
+    "nvfp4": (get_format("nvfp4"), None),
+    "fp8_1x128": (FP8_1x128, None),
+    "mxfp8+T": (get_format("mxfp8"), get_format("mxfp8")),
+    "nvfp4+T": (get_format("nvfp4"), get_format("nvfp4")),
+    "fp8_1x128+T": (FP8_1x128, FP8_1x128),
+    "fp8_128x128+T": (FP8_128, FP8_128),
+    "nvfp4+mxfp8T": (get_format("nvfp4"), get_format("mxfp8")),  # the nvfp4 recipe's activations
+}
+TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128), (128, 32))
+
+
+def _nbytes(shapes) -> int:
+    return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes if s != (1,))
+
+
+def _launcher(shape, row, col, variant):
+    mode, tile, warps = variant
+    p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), col_mode=mode, tile=tile, num_warps=warps)
+
+    def run(x, ts):
+        return jt.call(qk.quantize_kernel, x[None], ts,
+                       out_shape=[jax.ShapeDtypeStruct(s, d) for s, d in p.out_shapes], grid=p.grid,
+                       num_warps=p.num_warps, num_stages=1, compute_capability=90, name="jbs_quantize",
+                       **p.constexprs)
+
+    return jax.jit(run), p
+
+
+def variants(row, col, modes, tiles, warps):
+    out = []
+    for mode, tile, w in itertools.product(modes, tiles, warps):
+        if col is None and mode != modes[0]:
+            continue  # no column side: the mode does not matter
+        try:
+            qk.plan(1, 8192, 8192, qk.Side(row), qk.Side(col), col_mode=mode if col is not None else None,
+                    tile=tile, num_warps=w)
+        except ValueError:
+            continue
+        out.append((mode if col is not None else None, tile, w))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--modes", default="trans,direct,reuse")
+    ap.add_argument("--tiles", default=",".join(f"{a}x{b}" for a, b in TILES))
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
+    ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    shape, r = ((256, 512), 2) if args.tiny else ((8192, 8192), 4)
+    modes = args.modes.split(",")
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    warps = [int(w) for w in args.warps.split(",")]
+    on_gpu = jax.default_backend() == "gpu"
+    keys = jax.random.split(jax.random.key(0), r)
+    xs = [jax.random.normal(k, shape, jnp.bfloat16) for k in keys]
+    device = jax.devices()[0].device_kind
+    start = time.perf_counter()
+    lines = [f"## Quantization kernel variants, {device}, {datetime.date.today()} (bf16 {shape[0]}x{shape[1]}, "
+             f"kernel time, {r} operand sets)", "",
+             "| case | mode | tile | warps | kernel µs | wall µs | vs x*2 | bits |", "|---|---|---|---|---|---|---|---|"]
+    base = kernel_times(jax.jit(lambda x: x * 2), [(x,) for x in xs])
+    base_rate = 2 * xs[0].nbytes / base.profile.kernel_s if on_gpu else math.nan
+    print(f"x*2: kernel {base.profile.kernel_s * 1e6:.1f} us, wall {base.wall_s * 1e6:.1f} us", flush=True)
+    for label in args.cases.split(","):
+        row, col = CASES[label]
+        tss = [jnp.stack([jb.nvfp4_tensor_scale(x) if isinstance(f, type(get_format("nvfp4"))) else
+                          jnp.float32(1.0) for f in (row, col)]).astype(jnp.float32) for x in xs]
+        want = jax.jit(lambda x, ts: qp._reference(x[None], ts, row=(row, "rceil"), col=(col, "rceil")))(xs[0], tss[0])
+        for variant in variants(row, col, modes, tiles, warps):
+            if time.perf_counter() - start > args.time_budget:
+                print(f"time budget reached: {label} {variant} and later skipped", flush=True)
+                break
+            mode, tile, w = variant
+            head = f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} |"
+            if not on_gpu:  # the kernel does not run on a CPU (no interpreter here): the plan only
+                lines.append(f"{head} - | - | - | not run (CPU) |")
+                continue
+            try:
+                fn, p = _launcher(shape, row, col, variant)
+                got = fn(xs[0], tss[0])
+                bad = sum(int((np.asarray(g).view(np.uint8) != np.asarray(w_).view(np.uint8)).sum())
+                          for g, w_ in zip(got, want))
+                if bad:
+                    lines.append(f"{head} - | - | - | {bad} bytes differ |")
+                    print(lines[-1], flush=True)
+                    continue
+                t = kernel_times(fn, list(zip(xs, tss)))
+            except Exception as e:  # noqa: BLE001 - one variant failing must not stop the sweep
+                lines.append(f"{head} - | - | - | error: {type(e).__name__}: {str(e)[:80]} |")
+                print(lines[-1], flush=True)
+                continue
+            rate = (xs[0].nbytes + _nbytes(p.out_shapes)) / t.profile.kernel_s
+            lines.append(f"{head} {t.profile.kernel_s * 1e6:.1f} | {t.wall_s * 1e6:.1f} | {rate / base_rate:.3f} | same |")
+            print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"quant_variants_{device.lower().replace(' ', '_')}_{datetime.date.today()}.md"
+    (out / name).write_text(text)
+    print(f"wrote {out / name}")
+
+
+if __name__ == "__main__":
+    main()
