@@ -51,7 +51,7 @@ CASES = {  # label -> (row format, column format); nvfp4 sides get the tensor sc
     "fp8_128x128+T": (FP8_128, FP8_128),
     "nvfp4+mxfp8T": (get_format("nvfp4"), get_format("mxfp8")),  # the nvfp4 recipe's activations
 }
-TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128), (128, 32))
+TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64), (128, 128))
 
 
 def _nbytes(shapes) -> int:

@@ -42,7 +42,8 @@ def run_case(case):
         ts[1] = float(nvfp4_tensor_scale(jnp.asarray(np.swapaxes(x, -1, -2))))
     b = int(np.prod(x.shape[:-2], dtype=np.int64))
     p = qk.plan(b, x.shape[-2], x.shape[-1], qk.Side(row, rounding), qk.Side(col, rounding),
-                col_mode=case.get("col_mode"))
+                col_mode=case.get("col_mode"),
+                tile=tuple(case["tile"]) if "tile" in case else None)
     got = [np.zeros(shape, dtype) for shape, dtype in p.out_shapes]
     args = [x.reshape((b,) + x.shape[-2:]), ts] + got
     qk.quantize_kernel[p.grid](*(NumpyTensor(a) for a in args), **p.constexprs)

@@ -57,6 +57,11 @@ CASES += [
          shape=[130, 260], seed=206, col_mode="trans"),
     dict(row=["fp8_block", [128, 128]], col=["fp8_block", [128, 128]], rounding="rceil", dtype="bf16",
          shape=[130, 260], seed=207, col_mode="direct"),
+    # Program tiles one block high: the column blocks span the tile (2D reductions, no 4D view).
+    dict(row=["mxfp8", None], col=["mxfp4", None], rounding="rceil", dtype="bf16", shape=[2, 72, 150], seed=208,
+         col_mode="direct", tile=[32, 128]),
+    dict(row=["nvfp4", None], col=["nvfp4", None], rounding="rceil", dtype="f32", shape=[40, 100], seed=209,
+         col_mode="direct", tile=[16, 64]),
 ]
 
 
@@ -71,7 +76,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
-                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]
