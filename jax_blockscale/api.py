@@ -217,9 +217,12 @@ def _explain(a, b, target: str, rows: Optional[int] = None) -> backends.Choice:
     k = _explain_k(a, b)
     qa, qb = _abstract(a, "a", k), _abstract(b, "b", k)
     validation.check_matmul_operands(qa, qb)
-    if rows is None and not _is_name(a) and not _is_name(b) and len(b.shape) == 2:
-        rows = math.prod(a.shape[:-1])  # after validation: an inconsistent operand has no trusted shape
-    return backends.choose(target, operand_kind(qa, "a"), operand_kind(qb, "b"), rows=rows)
+    n = None
+    if not _is_name(a) and not _is_name(b) and len(b.shape) == 2:
+        n = b.shape[0]  # after validation: an inconsistent operand has no trusted shape
+        if rows is None:
+            rows = math.prod(a.shape[:-1])
+    return backends.choose(target, operand_kind(qa, "a"), operand_kind(qb, "b"), rows=rows, n=n, k=k)
 
 
 def _is_name(x) -> bool:

@@ -33,6 +33,8 @@ class KernelEntry:
     # Only for at most this many activation rows (batch * M) against an unbatched weight (decode kernels);
     # None: any problem.
     max_rows: Optional[int] = None
+    # Only for problems of at least (activation rows, N, K), all known (an unbatched weight); None: any.
+    min_size: Optional[tuple[int, int, int]] = None
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
@@ -53,6 +55,15 @@ DECODE_MAX_ROWS = 64
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
+# The persistent warp-specialized block FP8 kernel (_triton/block_fp8_persistent.py) from these sizes
+# (activation rows, N, K): below them a problem has about as few 128 x 128 tiles as the H100 has SMs, so a
+# persistent loop has nothing to overlap, and the one-program-per-tile kernel's tuned small-M paths (TMA
+# 64-row tiles, swapped decode) apply. To be confirmed by benchmarks/block_fp8_variants.py on the device.
+PERSISTENT_BLOCK_FP8_MIN = (1024, 1024, 1024)
+# The switch: False sends every sm_90 block FP8 problem to the one-program-per-tile kernel (block_fp8),
+# as before the persistent kernel existed. Read when a matmul is traced (jit caches keep their choice).
+USE_PERSISTENT_BLOCK_FP8 = True
+
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
 # fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
 KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
@@ -71,6 +82,10 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     "sm_90": (
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",
                     max_rows=DECODE_MAX_ROWS),
+        KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
+                    "persistent (one program per SM), warp-specialized: a TMA producer warp group feeding two "
+                    "fp8 e4m3 wgmma consumer warp groups, fp32 promotion per 128-K block",
+                    min_size=PERSISTENT_BLOCK_FP8_MIN),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
@@ -131,16 +146,29 @@ def detect_target(device: jax.Device | None = None) -> str:
     return f"{device.platform}:{kind or 'unknown'}"
 
 
-def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None) -> Choice:
+def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: Optional[int]) -> bool:
+    if entry.max_rows is not None and (rows is None or rows > entry.max_rows):
+        return False
+    if entry.min_size is not None:
+        if entry.module == "block_fp8_persistent" and not USE_PERSISTENT_BLOCK_FP8:
+            return False
+        if None in (rows, n, k) or any(v < lo for v, lo in zip((rows, n, k), entry.min_size)):
+            return False
+    return True
+
+
+def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None, n: Optional[int] = None,
+           k: Optional[int] = None) -> Choice:
     """The dispatch decision for one target and operand pair; never raises for a known pair.
 
     `rows`: activation rows (batch * M) when the weight is unbatched, else None; entries with `max_rows`
-    (decode kernels) apply only when it is given and within their limit."""
+    (decode kernels) apply only when it is given and within their limit. Entries with `min_size` (the
+    persistent kernel) apply only when `rows`, `n` (the weight's rows) and `k` are given and reach it."""
     target = _normalize_target(target)
     if target == "cpu":
         return Choice(target, "reference", None, "CPU: the jnp reference (dequantize + fp32 dot) runs")
     for entry in KERNEL_TABLE.get(target, ()):
-        if entry.max_rows is not None and (rows is None or rows > entry.max_rows):
+        if not _size_allows(entry, rows, n, k):
             continue
         if (a_kind, b_kind) in entry.pairs:
             return Choice(target, entry.path, entry.module, entry.why)

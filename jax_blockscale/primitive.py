@@ -112,7 +112,8 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     b_batched = any(d != 1 for d in b_batch)
     nb = int(np.prod(batch, dtype=np.int64))
     # Decode kernels apply to few activation rows against one (unbatched) weight.
-    choice = backends.choose(target, a.kind, b.kind, rows=None if b_batched else nb * m)
+    choice = backends.choose(target, a.kind, b.kind, rows=None if b_batched else nb * m, n=n,
+                             k=a_values.shape[-1] * ELEMENTS_PER_BYTE.get(a.kind, 1))
     if choice.path == "reference":
         return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
                               out_dtype=out_dtype)

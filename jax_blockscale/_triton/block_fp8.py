@@ -309,6 +309,11 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     """Block FP8 GEMM (see module docstring); returns (p.batch, p.m, p.n) of p.out_dtype."""
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"block_fp8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
+    if config.persistent:
+        from . import block_fp8_persistent
+
+        return block_fp8_persistent.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=config,
+                                           compute_capability=compute_capability)
     check_config(p, config)
     if config.tma:
         from . import hopper_tma

@@ -81,6 +81,16 @@ class TileConfig:
     # weight as the MMA's M side, block_fp8.run_gemm).
     tma: bool = False
     swap_ab: bool = False
+    # Persistent Hopper block FP8 kernel (block_fp8_persistent.py; ignored elsewhere): one program per SM
+    # over grouped tiles; Triton's warp specialization (producer + two consumer warp groups) or the tile and
+    # K loops flattened into one pipelined loop; scales prefetched a K step ahead in registers; activation
+    # scales transposed by XLA to (K/128, M) before the kernel instead of read with a stride.
+    persistent: bool = False
+    warp_specialize: bool = False
+    flatten: bool = False
+    prefetch_scales: bool = False
+    a_scales_t: bool = False
+    num_sms: int = 132
     # Decode kernel variants (decode.py; ignored elsewhere): CUDA-core FMAs instead of the swapped MMA,
     # fp32 atomics for split-K (not bitwise deterministic) instead of the ordered workspace reduction, and
     # the inline-PTX fp4 decode on NVIDIA targets.
