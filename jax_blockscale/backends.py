@@ -33,6 +33,9 @@ class KernelEntry:
     # Only for at most this many activation rows (batch * M) against an unbatched weight (decode kernels);
     # None: any problem.
     max_rows: Optional[int] = None
+    # Only for a batched weight or at least this many activation rows (large-M kernels whose tiles would
+    # be mostly padding at decode sizes); None: any problem.
+    min_rows: Optional[int] = None
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
@@ -73,8 +76,14 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     max_rows=DECODE_MAX_ROWS),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
+        KernelEntry("hopper_mx", _UPCAST_PAIRS, "upcast",
+                    "Hopper has no block-scaled MMA: packed tiles by TMA, decoded to bf16 in registers before "
+                    "a bf16 wgmma, one kernel (no XLA dequantize pass)", min_rows=DECODE_MAX_ROWS + 1),
+        # The earlier path, kept for comparison (TileConfig(kernel="upcast")): XLA dequantizes large
+        # operands to bf16 first, then the bf16 TMA GEMM (measured 0.94-0.97x of XLA dequantize + dot).
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
-                    "Hopper has no block-scaled MMA: decoded to bf16 in registers before a bf16 wgmma"),
+                    "Hopper has no block-scaled MMA: decoded to bf16 (in XLA for large operands) before a bf16 "
+                    "wgmma"),
     ),
     "gfx950": (
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 MFMA or FMAs",
@@ -131,16 +140,26 @@ def detect_target(device: jax.Device | None = None) -> str:
     return f"{device.platform}:{kind or 'unknown'}"
 
 
-def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None) -> Choice:
-    """The dispatch decision for one target and operand pair; never raises for a known pair.
+def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None,
+           kernel: Optional[str] = None) -> Choice:
+    """The dispatch decision for one target and operand pair; never raises for a known pair unless
+    `kernel` is given.
 
     `rows`: activation rows (batch * M) when the weight is unbatched, else None; entries with `max_rows`
-    (decode kernels) apply only when it is given and within their limit."""
+    (decode kernels) apply only when it is given and within their limit. `kernel`: take this module's
+    entry (for comparisons, `TileConfig.kernel`); a ValueError if the target has none for the pair."""
     target = _normalize_target(target)
+    if kernel is not None:
+        for entry in KERNEL_TABLE.get(target, ()):
+            if entry.module == kernel and (a_kind, b_kind) in entry.pairs:
+                return Choice(target, entry.path, entry.module, entry.why + f" (forced: kernel={kernel!r})")
+        raise ValueError(f"kernel={kernel!r} has no entry for {a_kind} x {b_kind} on {target}")
     if target == "cpu":
         return Choice(target, "reference", None, "CPU: the jnp reference (dequantize + fp32 dot) runs")
     for entry in KERNEL_TABLE.get(target, ()):
         if entry.max_rows is not None and (rows is None or rows > entry.max_rows):
+            continue
+        if entry.min_rows is not None and rows is not None and rows < entry.min_rows:
             continue
         if (a_kind, b_kind) in entry.pairs:
             return Choice(target, entry.path, entry.module, entry.why)
