@@ -113,7 +113,8 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     nb = int(np.prod(batch, dtype=np.int64))
     # Decode kernels apply to few activation rows against one (unbatched) weight.
     choice = backends.choose(target, a.kind, b.kind, rows=None if b_batched else nb * m, n=n,
-                             k=a_values.shape[-1] * ELEMENTS_PER_BYTE.get(a.kind, 1))
+                             k=a_values.shape[-1] * ELEMENTS_PER_BYTE.get(a.kind, 1),
+                             kernel=config.kernel if config is not None else None)
     if choice.path == "reference":
         return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
                               out_dtype=out_dtype)
@@ -147,7 +148,7 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     p = GemmProblem(batch=nb, b_batched=b_batched, m=m, n=n, k=k_padded, a_kind=a.kind, b_kind=b.kind,
                     out_dtype=DTYPE_NAMES[jnp.dtype(out_dtype)])
     cfg = config or configs.select(choice.kernel, launcher, p, target, device_kind)
-    if choice.kernel == "decode":
+    if choice.kernel in ("decode", "hopper_mx"):
         # The tensor scales go in as they are and are multiplied in the kernel: no XLA multiply kernel.
         ones = jnp.ones((1,), jnp.float32)
         ts = (a_ts, b_ts) if scalar_alpha else (ones, ones)

@@ -21,6 +21,7 @@ padding holds zero values. M and N are arbitrary.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import ml_dtypes
 import numpy as np
@@ -97,6 +98,12 @@ class TileConfig:
     fma: bool = False
     atomic_split_k: bool = False
     asm_decode: bool = True
+    # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
+    # (mxfp8 x mxfp8 only) instead of decoding to bf16 (`warp_specialize` above applies to its K loop too).
+    fp8_mma: bool = False
+    # Forces the dispatch table's entry of this kernel module (e.g. "upcast" for the XLA-predecode path on
+    # sm_90) instead of the first that holds the pair, for comparisons; the fields above apply to it as given.
+    kernel: Optional[str] = None
 
     def replace(self, **changes) -> "TileConfig":
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,158 @@
+"""CPU tests of the Hopper MX GEMM with the decode inside the kernel (`_triton/hopper_mx.py`).
+
+Cross-compiled for sm_90 (no GPU needed). What they prove: a large MX / nvfp4 matmul on sm_90 lowers to
+one Triton kernel and nothing else that computes (no XLA dequantize pass, no scalar multiply), that kernel
+loads its tiles by TMA and multiplies with bf16 wgmma (or fp8 wgmma for the promoted mxfp8 variant), the
+default tiles fit the register file, and the old predecode path can still be forced for comparison.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("triton")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale import backends  # noqa: E402
+from jax_blockscale._triton import hopper_mx, upcast  # noqa: E402
+from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
+from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
+
+from _jax_triton import require_jax_triton  # noqa: E402
+from test_lowering_hopper_tma import TMA_LOAD, WGMMA_BF16, WGMMA_FP8, _ptxas_spill_bytes  # noqa: E402
+
+_VALUE_TYPES = {"e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m3": "*u8", "e3m2": "*u8", "e2m1": "*u8",
+                "nvfp4": "*u8", "bf16": "*bf16"}
+_SCALE_TYPES = {"nvfp4": "*fp8e4nv", "bf16": "*bf16"}
+# The suite's formats (benchmarks/_cases.py) plus fp6, as kernel kinds.
+PAIRS = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("nvfp4", "nvfp4"), ("e4m3", "e2m1"), ("bf16", "e2m1"),
+         ("bf16", "nvfp4"), ("e2m3", "e3m2"), ("e5m2", "e4m3")]
+# Everything in a lowered program besides the kernel's custom call that computes nothing on the device.
+_NO_COMPUTE = {"stablehlo.custom_call", "stablehlo.constant", "stablehlo.reshape", "stablehlo.broadcast_in_dim"}
+
+
+def _compile(p: GemmProblem, config: TileConfig):
+    sig = {"a_ptr": _VALUE_TYPES[p.a_kind], "a_scale_ptr": _SCALE_TYPES.get(p.a_kind, "*u8"),
+           "b_ptr": _VALUE_TYPES[p.b_kind], "b_scale_ptr": _SCALE_TYPES.get(p.b_kind, "*u8"),
+           "a_ts_ptr": "*fp32", "b_ts_ptr": "*fp32", "out_ptr": "*bf16"}
+    constexprs = dict(M=p.m, N=p.n, K=p.k, BATCHES=1, B_BATCHED=False, BLOCK_M=config.block_m,
+                      BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                      NUM_STAGES=config.num_stages, A_KIND=p.a_kind, B_KIND=p.b_kind, FP8_MMA=config.fp8_mma,
+                      WARP_SPECIALIZE=config.warp_specialize, ASM=config.asm_decode)
+    return compile_kernel(hopper_mx.mx_gemm_kernel, target="sm_90", signature=sig, constexprs=constexprs,
+                          num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _big(a_kind: str, b_kind: str) -> GemmProblem:
+    return GemmProblem(1, False, 4096, 4096, 4096, a_kind, b_kind, "bf16")
+
+
+@pytest.mark.parametrize("a_kind,b_kind", PAIRS)
+def test_default_config_uses_tma_and_bf16_wgmma_without_spills(a_kind, b_kind):
+    p = _big(a_kind, b_kind)
+    ptx = assembly(_compile(p, hopper_mx.default_config(p)))
+    assert TMA_LOAD in ptx and WGMMA_BF16.search(ptx)
+    assert _ptxas_spill_bytes(ptx) == 0
+
+
+def test_fp8_variant_uses_fp8_wgmma_per_mx_block_without_spills_at_128x128():
+    p = _big("e4m3", "e4m3")
+    cfg = TileConfig(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, fp8_mma=True)
+    ptx = assembly(_compile(p, cfg))
+    assert TMA_LOAD in ptx and {int(n) for n in WGMMA_FP8.findall(ptx)} == {128}
+    assert not WGMMA_BF16.search(ptx)
+    assert _ptxas_spill_bytes(ptx) == 0
+
+
+def test_fp8_variant_at_128x256_spills():
+    # Why the fp8 variant needs 128 x 128 tiles: the accumulator and the block's partial product are
+    # 2 x 128 fp32 registers per thread at 128 x 256 over two warpgroups.
+    cfg = TileConfig(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3, fp8_mma=True)
+    assert _ptxas_spill_bytes(assembly(_compile(_big("e4m3", "e4m3"), cfg))) > 0
+
+
+def test_check_config_refuses_what_the_kernel_cannot_do():
+    with pytest.raises(ValueError, match="fp8_mma needs"):
+        hopper_mx.check_config(_big("e2m1", "e2m1"), TileConfig(block_k=32, fp8_mma=True))
+    with pytest.raises(ValueError, match="block_k must be 32"):
+        hopper_mx.check_config(_big("e4m3", "e4m3"), TileConfig(block_k=64, fp8_mma=True))
+    with pytest.raises(ValueError, match="power of two >= 32"):
+        hopper_mx.check_config(_big("e2m1", "e2m1"), TileConfig(block_k=16))
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        hopper_mx.check_config(GemmProblem(1, False, 256, 256, 96, "e4m3", "e4m3", "bf16"), TileConfig(block_k=64))
+    with pytest.raises(ValueError, match="does not take"):
+        hopper_mx.check_config(_big("fp16", "e2m1"), TileConfig(block_k=64))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dispatch and whole lowered programs
+
+
+def test_dispatch_takes_hopper_mx_above_decode_rows_and_can_be_forced_back():
+    for a_kind, b_kind in PAIRS:
+        assert backends.choose("sm_90", a_kind, b_kind, rows=65).kernel == "hopper_mx"
+        assert backends.choose("sm_90", a_kind, b_kind).kernel == "hopper_mx"  # batched weight
+        assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="upcast").kernel == "upcast"
+    assert backends.choose("sm_90", "e2m1", "e2m1", rows=64).kernel == "decode"  # the decode entry stays
+    assert backends.choose("sm_90", "bf16", "nvfp4", rows=64).kernel == "upcast"  # small tiles: swapped upcast
+    assert backends.choose("sm_100", "e4m3", "e4m3", rows=4096).kernel != "hopper_mx"
+    with pytest.raises(ValueError, match="no entry"):
+        backends.choose("sm_90", "e4m3", "e4m3", kernel="dot_scaled_nvidia")
+
+
+def _quantized(m, n, k, fmt_a, fmt_b, batch=()):
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((*batch, m, k)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((*batch, n, k)), jnp.float32)
+    a = a.astype(jnp.bfloat16) if fmt_a == "bf16" else jb.quantize_operand(a, fmt_a, side="a")
+    return a, jb.quantize_operand(b, fmt_b, side="b")
+
+
+def _lower(fmt_a, fmt_b, config=None, m=1024, n=1024, k=512, batch=()):
+    jt = require_jax_triton()
+    a, b = _quantized(m, n, k, fmt_a, fmt_b, batch)
+    lowered = jax.jit(lambda a, b: jb.matmul(a, b, target="sm_90", config=config)).trace(a, b).lower(
+        lowering_platforms=("cuda",))
+    return jt, lowered
+
+
+@pytest.mark.parametrize("fmt_a,fmt_b", [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
+                                         ("mxfp8", "mxfp4"), ("bf16", "mxfp4"), ("mxfp6_e2m3", "mxfp6_e2m3")])
+def test_matmul_is_one_kernel_with_no_xla_decode(fmt_a, fmt_b):
+    jt, lowered = _lower(fmt_a, fmt_b)
+    (kernel,) = jt.lowered_kernels(lowered)
+    ptx = kernel.decode("latin-1")
+    assert TMA_LOAD in ptx and WGMMA_BF16.search(ptx)
+    text = lowered.as_text()
+    assert set(re.findall(r"stablehlo\.\w+", text)) <= _NO_COMPUTE
+    assert len(re.findall(r"stablehlo\.custom_call", text)) == 1
+    assert "upcast_gemm" not in text
+
+
+def test_batched_weight_lowers_to_one_kernel():
+    jt, lowered = _lower("mxfp4", "mxfp4", m=200, n=300, k=512, batch=(3,))
+    assert len(jt.lowered_kernels(lowered)) == 1
+    assert set(re.findall(r"stablehlo\.\w+", lowered.as_text())) <= _NO_COMPUTE
+
+
+def test_forcing_the_old_path_brings_back_the_xla_dequantize():
+    p = GemmProblem(1, False, 1024, 1024, 512, "e2m1", "e2m1", "bf16")
+    old = upcast.default_config(p, "sm_90").replace(kernel="upcast")
+    jt, lowered = _lower("mxfp4", "mxfp4", config=old)
+    assert len(jt.lowered_kernels(lowered)) == 1  # the bf16 TMA GEMM; the decode is XLA's
+    ops = set(re.findall(r"stablehlo\.\w+", lowered.as_text()))
+    assert {"stablehlo.shift_right_logical", "stablehlo.bitcast_convert"} <= ops
+
+
+def test_forced_fp8_variant_lowers_with_fp8_wgmma():
+    cfg = TileConfig(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, fp8_mma=True,
+                     kernel="hopper_mx")
+    jt, lowered = _lower("mxfp8", "mxfp8", config=cfg)
+    (kernel,) = jt.lowered_kernels(lowered)
+    assert WGMMA_FP8.search(kernel.decode("latin-1"))
