@@ -17,6 +17,8 @@ import pytest
 from jax_blockscale import dequantize, quantize, reference
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
 
+from _exhaustive import grid
+
 pytestmark = pytest.mark.gpu
 
 MX_FORMATS = {"e4m3": "mxfp8_e4m3", "e5m2": "mxfp8_e5m2", "e2m3": "mxfp6_e2m3", "e3m2": "mxfp6_e3m2",
@@ -141,19 +143,23 @@ def module_for(kernels, a_kind: str):
 # ---------------------------------------------------------------------------------------------------------
 # Tests.
 
-ALL_UPCAST_PAIRS = [(a, b) for a in (*MX_FORMATS, "nvfp4", *DENSE) for b in (*MX_FORMATS, "nvfp4", *DENSE)]
+_UPCAST_KINDS = (*MX_FORMATS, "nvfp4", *DENSE)
+ALL_UPCAST_PAIRS = [(a, b) for a in _UPCAST_KINDS for b in _UPCAST_KINDS]
+# Default: the same-kind pairs and, for each a kind, one other b kind (b = 3a + 1 mod 8 reaches every b).
+UPCAST_GRID = grid(ALL_UPCAST_PAIRS, lambda i, case: i // 8 == i % 8 or i % 8 == (3 * (i // 8) + 1) % 8)
 SHAPE_KINDS = [("block_fp8", "block_fp8"), ("e2m1", "e2m1"), ("nvfp4", "nvfp4"), ("e4m3", "e4m3"), ("bf16", "e2m1")]
 
 
-@pytest.mark.parametrize("a_kind,b_kind", ALL_UPCAST_PAIRS)
+@pytest.mark.parametrize("a_kind,b_kind", UPCAST_GRID)
 def test_upcast_every_pair(kernels, capability, a_kind, b_kind):
     assert (a_kind, b_kind) in kernels[1].SUPPORTED
     p = GemmProblem(2, False, 129, 200, padded_k(a_kind, b_kind, 200), a_kind, b_kind, "bf16")
     check(kernels[1], p, capability)
 
 
-@pytest.mark.parametrize("m", [1, 7, 128, 129, 1000])
-@pytest.mark.parametrize("a_kind,b_kind", SHAPE_KINDS)
+# Default: each kind at one M, each M for one kind (the diagonal); all 25 with --exhaustive.
+@pytest.mark.parametrize("a_kind,b_kind,m", grid([(a, b, m) for a, b in SHAPE_KINDS for m in (1, 7, 128, 129, 1000)],
+                                                 lambda i, case: i // 5 == i % 5))
 def test_shapes(kernels, capability, a_kind, b_kind, m):
     p = GemmProblem(2, False, m, 333, padded_k(a_kind, b_kind, 200), a_kind, b_kind, "bf16")
     check(module_for(kernels, a_kind), p, capability)
