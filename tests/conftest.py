@@ -12,3 +12,25 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+
+# Opt-in exhaustive grids (the GPU tests' full cross products). Off by default so that
+# `pytest tests/test_gpu_*.py` stays a few minutes on one GPU; `--exhaustive` (or `-m exhaustive`) runs them.
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the tests marked `exhaustive` (full GPU grids)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exhaustive: part of a full grid; runs with --exhaustive or -m exhaustive")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    if config.getoption("--exhaustive") or "exhaustive" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="exhaustive grid: run with --exhaustive")
+    for item in items:
+        if "exhaustive" in item.keywords:
+            item.add_marker(skip)

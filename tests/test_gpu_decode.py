@@ -15,6 +15,8 @@ import pytest
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
 
+from _exhaustive import grid
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
@@ -58,8 +60,9 @@ def _check(a, b, out_dtype=jnp.bfloat16, config=None):
     return out
 
 
-@pytest.mark.parametrize("fa,fb", PAIRS)
-@pytest.mark.parametrize("m", ROWS)
+# Default: every pair once, the row counts rotating; the full grid with --exhaustive.
+@pytest.mark.parametrize("fa,fb,m", grid([(fa, fb, m) for fa, fb in PAIRS for m in ROWS],
+                                         lambda i, case: i % len(ROWS) == (i // len(ROWS)) % len(ROWS)))
 def test_decode_matches_reference(fa, fb, m):
     a, b = _operands(fa, fb, m, 1000, 1536)  # N not a multiple of any tile; K of 6 fp4 tiles
     assert jb.explain(a, b).kernel == "decode"
@@ -85,8 +88,9 @@ def _configs(rows, fb):
     return out
 
 
-@pytest.mark.parametrize("fb", ["mxfp4", "nvfp4", "fp8_block", "mxfp8"])
-@pytest.mark.parametrize("m", [1, 4, 16])
+# Each case compiles ~10 configurations: by default mxfp4 at M = 1 (FMA and MMA) and mxfp8 at M = 16.
+@pytest.mark.parametrize("fb,m", grid([(fb, m) for fb in ("mxfp4", "nvfp4", "fp8_block", "mxfp8") for m in (1, 4, 16)],
+                                      lambda i, case: case in (("mxfp4", 1), ("mxfp8", 16))))
 def test_every_variant(fb, m):
     """Both compute variants, split-K 1/3/8 with both reductions, PTX and fp32 decode."""
     fa = "fp8_block" if fb == "fp8_block" else "bf16"

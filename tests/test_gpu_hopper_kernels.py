@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_blockscale import quantize, reference
+from jax_blockscale import dequantize, quantize, reference
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
+
+from _exhaustive import grid
 
 pytestmark = pytest.mark.gpu
 
@@ -141,19 +143,23 @@ def module_for(kernels, a_kind: str):
 # ---------------------------------------------------------------------------------------------------------
 # Tests.
 
-ALL_UPCAST_PAIRS = [(a, b) for a in (*MX_FORMATS, "nvfp4", *DENSE) for b in (*MX_FORMATS, "nvfp4", *DENSE)]
+_UPCAST_KINDS = (*MX_FORMATS, "nvfp4", *DENSE)
+ALL_UPCAST_PAIRS = [(a, b) for a in _UPCAST_KINDS for b in _UPCAST_KINDS]
+# Default: the same-kind pairs and, for each a kind, one other b kind (b = 3a + 1 mod 8 reaches every b).
+UPCAST_GRID = grid(ALL_UPCAST_PAIRS, lambda i, case: i // 8 == i % 8 or i % 8 == (3 * (i // 8) + 1) % 8)
 SHAPE_KINDS = [("block_fp8", "block_fp8"), ("e2m1", "e2m1"), ("nvfp4", "nvfp4"), ("e4m3", "e4m3"), ("bf16", "e2m1")]
 
 
-@pytest.mark.parametrize("a_kind,b_kind", ALL_UPCAST_PAIRS)
+@pytest.mark.parametrize("a_kind,b_kind", UPCAST_GRID)
 def test_upcast_every_pair(kernels, capability, a_kind, b_kind):
     assert (a_kind, b_kind) in kernels[1].SUPPORTED
     p = GemmProblem(2, False, 129, 200, padded_k(a_kind, b_kind, 200), a_kind, b_kind, "bf16")
     check(kernels[1], p, capability)
 
 
-@pytest.mark.parametrize("m", [1, 7, 128, 129, 1000])
-@pytest.mark.parametrize("a_kind,b_kind", SHAPE_KINDS)
+# Default: each kind at one M, each M for one kind (the diagonal); all 25 with --exhaustive.
+@pytest.mark.parametrize("a_kind,b_kind,m", grid([(a, b, m) for a, b in SHAPE_KINDS for m in (1, 7, 128, 129, 1000)],
+                                                 lambda i, case: i // 5 == i % 5))
 def test_shapes(kernels, capability, a_kind, b_kind, m):
     p = GemmProblem(2, False, m, 333, padded_k(a_kind, b_kind, 200), a_kind, b_kind, "bf16")
     check(module_for(kernels, a_kind), p, capability)
@@ -251,21 +257,42 @@ def test_e8m0_special_scales(kernels, capability):
     assert_close(jnp.asarray(out[0, rest]), jnp.asarray(ref[0, rest]), tolerance(p))
 
 
+# Rows of the 2 GiB operands repeat with a period of 97, which divides no power of two: a row offset that
+# wrapped at 2**31 or 2**32 bytes would read a row with other values. (Drawing 2**31 random bytes on the
+# device instead, jax.random.bits, compiles to ~32 GiB of temporaries: threefry's counters and outputs per
+# element. Two such tests at once under pytest-xdist do not fit an 80 GB H100.)
+_PERIOD = 97
+
+
+def _repeated_operand(kind: str, key, rows: int, k: int, *, weight: bool):
+    """(values, scales, dense) of `rows` rows repeating 97 quantized normal rows; `dense(r)` is the float32
+    value of rows `r`."""
+    block = {"block": (1, 128)} if kind == "block_fp8" else {}
+    base = quantize(jax.random.normal(key, (_PERIOD, k)), "fp8_block" if kind == "block_fp8" else "mxfp8", **block)
+    index = jnp.arange(rows) % _PERIOD
+    if kind == "block_fp8" and weight:
+        # A weight's 128 x 128 tiles would span rows of different base rows: scale 1.0, values as they are.
+        scales = jnp.ones((-(-rows // 128), k // 128), jnp.float32)
+        dense = base.values.astype(jnp.float32)
+    else:
+        scales = base.scales[index]
+        dense = dequantize(base, jnp.float32)
+    return base.values[index], scales, lambda r: dense[r % _PERIOD]
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
 @pytest.mark.parametrize("a_kind", ["block_fp8", "e4m3"])
-def test_offsets_past_2_31(kernels, capability, a_kind):
-    """M * K >= 2**31 elements: the kernels switch to 64-bit offsets. Checks the last rows only."""
-    m, n, k = (1 << 31) // 16384 + 64, 64, 16384
+def test_offsets_past_2_31(kernels, capability, a_kind, side):
+    """An operand of >= 2**31 elements (the activations' M * K, or a weight's N * K): the kernels switch to
+    64-bit offsets. Checks the last 40 rows (a) or columns (b), which only 64-bit offsets reach."""
+    big, k = (1 << 31) // 16384 + 64, 16384
+    m, n = (big, 64) if side == "a" else (64, big)
     p = GemmProblem(1, False, m, n, k, a_kind, a_kind, "fp32")
-    module = module_for(kernels, a_kind)
     key_a, key_b = jax.random.split(jax.random.key(1))
-    # Random e4m3 codes without the NaN pattern (S.1111.111); built on the device, 2 GiB.
-    codes = jax.random.bits(key_a, (1, m, k), jnp.uint8) & 0xFE
-    a_values = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-    groups = 128 if a_kind == "block_fp8" else 32
-    a_scales = (jnp.full((1, m, k // groups), 1.0 / 64, jnp.float32) if a_kind == "block_fp8"
-                else jnp.full((1, m, k // groups), 127 - 6, jnp.uint8))
-    b_ref, b_values, b_scales, _ = make_operand(a_kind, jax.random.normal(key_b, (n, k)), weight=True)
-    out = run(module, p, (a_values, a_scales, b_values, b_scales, jnp.ones((1,), jnp.float32)), capability)
-    tail = a_values[0, -40:].astype(jnp.float32) / 64  # both scales are 2**-6
-    ref = reference.matmul(tail, b_ref, jnp.float32)
-    assert_close(out[0, -40:], ref, tolerance(p))
+    a_values, a_scales, a_dense = _repeated_operand(a_kind, key_a, m, k, weight=False)
+    b_values, b_scales, b_dense = _repeated_operand(a_kind, key_b, n, k, weight=True)
+    out = run(module_for(kernels, a_kind), p,
+              (a_values[None], a_scales[None], b_values, b_scales, jnp.ones((1,), jnp.float32)), capability)
+    rows, cols = (jnp.arange(m - 40, m), jnp.arange(n)) if side == "a" else (jnp.arange(m), jnp.arange(n - 40, n))
+    ref = jnp.matmul(a_dense(rows), b_dense(cols).T, precision="highest")
+    assert_close(out[0][rows[:, None], cols[None, :]], ref, tolerance(p))

@@ -13,6 +13,8 @@ import pytest
 
 import jax_blockscale as jb
 
+from _exhaustive import grid
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
@@ -49,8 +51,13 @@ PAIRS = [
 SHAPES = [(1, 256, 512), (7, 200, 320), (128, 384, 1024), (129, 130, 4160), (1000, 264, 768)]
 
 
-@pytest.mark.parametrize("fa,fb", PAIRS)
-@pytest.mark.parametrize("m,n,k", SHAPES)
+# By default every pair once, the shapes rotating over the pairs (each shape several times); the full
+# pairs x shapes grid with --exhaustive.
+MATMUL_GRID = grid([(fa, fb, *shape) for fa, fb in PAIRS for shape in SHAPES],
+                   lambda i, case: i % len(SHAPES) == (i // len(SHAPES)) % len(SHAPES))
+
+
+@pytest.mark.parametrize("fa,fb,m,n,k", MATMUL_GRID)
 def test_matmul_matches_reference(fa, fb, m, n, k):
     a, b = _q(_x(m, k), fa, "a"), _q(_x(n, k) / np.sqrt(k), fb, "b")
     for out_dtype in (jnp.bfloat16, jnp.float32):

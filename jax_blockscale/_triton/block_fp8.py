@@ -74,6 +74,7 @@ def store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, batch, M: tl.constexpr, 
     if WIDE:
         slab = slab.to(tl.int64)
         offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)  # OUT_T multiplies the columns by M
     if OUT_T:
         ptrs = out_ptr + slab * (M * N) + offs_n[None, :] * M + offs_m[:, None]
     else:
@@ -134,18 +135,22 @@ def block_fp8_kernel(
     # their results are dropped by the store mask.
     rows_a = offs_m % M
     rows_b = offs_n % N
-    b_batch = batch if B_BATCHED else 0
     if WIDE:
         rows_a = rows_a.to(tl.int64)
         rows_b = rows_b.to(tl.int64)
         batch = batch.to(tl.int64)
-        b_batch = b_batch.to(tl.int64) if B_BATCHED else 0
+    # An unbatched b gets no batch term at all: `0 * (N * K)` would make Triton build N * K as an int32
+    # constant, which fails to compile once a weight holds 2**31 elements.
+    b_start = b_ptr
+    b_scale_start = b_scale_ptr
+    if B_BATCHED:
+        b_start += batch * (N * K)
+        b_scale_start += batch * B_SCALE_LEN
 
     a_tile_ptrs = a_ptr + batch * (M * K) + rows_a[:, None] * K + offs_k[None, :]
-    b_tile_ptrs = b_ptr + b_batch * (N * K) + rows_b[:, None] * K + offs_k[None, :]
+    b_tile_ptrs = b_start + rows_b[:, None] * K + offs_k[None, :]
     a_scale_ptrs = _scale_pointers(a_scale_ptr + batch * A_SCALE_LEN, rows_a, pid_m, BLOCK_M, A_SCALE_ROWS, SCALE_K)
-    b_scale_ptrs = _scale_pointers(b_scale_ptr + b_batch * B_SCALE_LEN, rows_b, pid_n, BLOCK_N, B_SCALE_ROWS,
-                                   SCALE_K)
+    b_scale_ptrs = _scale_pointers(b_scale_start, rows_b, pid_n, BLOCK_N, B_SCALE_ROWS, SCALE_K)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     K_TILES: tl.constexpr = K // BLOCK_K

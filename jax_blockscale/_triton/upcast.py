@@ -178,17 +178,19 @@ def upcast_kernel(
     # Out-of-range rows read a valid row (unmasked loads vectorize); the store mask drops them.
     rows_a = offs_m % M
     rows_b = offs_n % N
-    a_batch = batch
-    b_batch = batch if B_BATCHED else 0
     if WIDE:
         rows_a = rows_a.to(tl.int64)
         rows_b = rows_b.to(tl.int64)
-        a_batch = a_batch.to(tl.int64)
-        b_batch = b_batch.to(tl.int64) if B_BATCHED else 0
-    a_values = a_ptr + a_batch * (M * (K // A_EPB))
-    a_scales = a_scale_ptr + a_batch * (M * A_SCALE_COLS)
-    b_values = b_ptr + b_batch * (N * (K // B_EPB))
-    b_scales = b_scale_ptr + b_batch * (N * B_SCALE_COLS)
+        batch = batch.to(tl.int64)
+    a_values = a_ptr + batch * (M * (K // A_EPB))
+    a_scales = a_scale_ptr + batch * (M * A_SCALE_COLS)
+    # No batch term for an unbatched b: `0 * (N * K)` would be built as an int32 constant, which Triton
+    # refuses once the weight holds 2**31 elements.
+    b_values = b_ptr
+    b_scales = b_scale_ptr
+    if B_BATCHED:
+        b_values += batch * (N * (K // B_EPB))
+        b_scales += batch * (N * B_SCALE_COLS)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     K_TILES: tl.constexpr = triton.cdiv(K, BLOCK_K)

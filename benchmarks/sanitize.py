@@ -1,0 +1,165 @@
+"""Every kernel family once, at odd shapes, for NVIDIA's compute-sanitizer (Hopper):
+
+    compute-sanitizer --tool memcheck   --error-exitcode 1 python -m benchmarks.sanitize
+    compute-sanitizer --tool racecheck  --error-exitcode 1 python -m benchmarks.sanitize --small
+    compute-sanitizer --tool initcheck  --error-exitcode 1 python -m benchmarks.sanitize --small
+
+Families: block FP8 (pointer, split-K, swapped decode order, TMA), the upcast kernel (pointer, split-K,
+swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K
+reduced in the kernel), the quantization kernel (row-wise and with the transposed side, MX, nvfp4, block
+FP8 1x128 and 128x128) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
+none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
+dims. Each result is also compared with the jnp reference (a stray read that changes numbers fails
+here), bits for quantization. One launch per family and variant (about 25 kernels); `--small` also cuts K
+to <= 1056 and the quantized tensor to 129 x 200: racecheck instruments every shared-memory access and
+runs orders of magnitude slower.
+`--only block_fp8,decode` picks families. Exit status 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_blockscale as jb
+from jax_blockscale._triton.problem import TileConfig
+
+FAMILIES = ("block_fp8", "upcast", "decode", "quantize", "dot_scaled")
+_RNG = np.random.default_rng(0)
+
+
+def _x(*shape):
+    return jnp.asarray(_RNG.standard_normal(shape), jnp.float32)
+
+
+def _rel(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _matmul_cases(small: bool):
+    """(family, label, a format, b format, a shape, n, config): config None = what the dispatch picks."""
+    f8 = dict(block_k=128, num_warps=4, num_stages=3)
+    cases = [
+        ("block_fp8", "pointer", "fp8_block", "fp8_block", (300, 200), 65, TileConfig(block_m=128, block_n=64, **f8)),
+        ("block_fp8", "split_k2", "fp8_block", "fp8_block", (129, 400), 65,
+         TileConfig(block_m=64, block_n=64, split_k=2, **f8)),
+        ("block_fp8", "swapped", "fp8_block", "fp8_block", (7, 200), 129, None),
+        ("block_fp8", "tma", "fp8_block", "fp8_block", (129, 200), 130, None),
+        ("upcast", "pointer", "nvfp4", "nvfp4", (129, 200), 65, None),
+        ("upcast", "split_k3", "mxfp8", "mxfp4", (129, 400), 65,
+         TileConfig(block_m=64, block_n=64, block_k=64, split_k=3, num_warps=4, num_stages=3)),
+        ("upcast", "swapped", "nvfp4", "nvfp4", (7, 200), 129, None),
+        ("upcast", "predecoded_tma", "mxfp8", "mxfp4", (1000, 224), 700, None),
+        ("decode", "mma", "bf16", "mxfp4", (1, 200), 129, None),
+        ("decode", "fma_split3", "mxfp8", "mxfp8", (3, 4160), 65,
+         TileConfig(block_m=4, block_n=32, block_k=128, group_m=1, split_k=3, fma=True, num_warps=4, num_stages=3)),
+        ("decode", "mma_split8_batched_a", "mxfp8", "mxfp4", (2, 9, 2048), 130,
+         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=8, num_warps=4, num_stages=3)),
+    ]
+    if small:  # racecheck: K (the loop length, hence shared-memory traffic) cut to at most 1056
+        cases = [c[:4] + (c[4][:-1] + (min(c[4][-1], 1056),),) + c[5:] for c in cases]
+    return cases
+
+
+def run_matmuls(families, small: bool) -> list[str]:
+    failures = []
+    for fam, label, fa, fb, a_shape, n, config in _matmul_cases(small):
+        if fam not in families:
+            continue
+        k = a_shape[-1]
+        a = _x(*a_shape)
+        a = a.astype(jnp.bfloat16) if fa == "bf16" else jb.quantize_operand(a, fa, side="a")
+        b = jb.quantize_operand(_x(n, k) / np.sqrt(k), fb, side="b")
+        rows = int(np.prod(a_shape[:-1]))
+        kernel = jb.explain(a, b, rows=rows).kernel
+        out = jax.block_until_ready(jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=jnp.float32, config=config))(a, b))
+        err = _rel(out, jb.reference.matmul(a, b))
+        tol = 2e-3 if fa == "fp8_block" else 1e-5
+        ok = err < tol and kernel == fam
+        print(f"{'ok  ' if ok else 'FAIL'} {fam:<9} {label:<22} {fa} x {fb} a{a_shape} n={n}: kernel {kernel}, "
+              f"rel err {err:.2e}")
+        if not ok:
+            failures.append(f"{fam}/{label}")
+    return failures
+
+
+def run_quantize(small: bool) -> list[str]:
+    from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
+
+    failures = []
+    shape = (129, 200) if small else (257, 4160)
+    x = _x(*shape).astype(jnp.bfloat16)
+    cases = [("mxfp8", None), ("mxfp4", None), ("nvfp4", None), ("fp8_block", (1, 128)), ("fp8_block", (128, 128))]
+    for name, block in cases:
+        fmt = jb.get_format(name, block=block)
+        ts = (lambda v: nvfp4_tensor_scale(v)) if name == "nvfp4" else (lambda v: None)
+        want = jax.jit(lambda v: quantize_jnp(v, fmt, axis=-1, rounding="rceil", tensor_scale=ts(v)))
+        row, col = jax.block_until_ready(jax.jit(lambda v: jb.quantize_with_transpose(v, fmt))(x))
+        single = jax.block_until_ready(jax.jit(lambda v: jb.quantize(v, fmt))(x))
+        for label, got, ref in (("row", single, want(x)), ("row+transposed", row, want(x)),
+                                ("transposed", col, want(x.T))):
+            same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8),
+                                      np.asarray(getattr(ref, f)).view(np.uint8))
+                       for f in ("values", "scales")) and (
+                got.tensor_scale is None or np.array_equal(np.asarray(got.tensor_scale), np.asarray(ref.tensor_scale)))
+            print(f"{'ok  ' if same else 'FAIL'} quantize  {label:<22} {name} {block or ''} {shape}: bit-identical {same}")
+            if not same:
+                failures.append(f"quantize/{name}/{label}")
+    return failures
+
+
+def run_dot_scaled(small: bool) -> list[str]:
+    """The Blackwell kernel through Triton's sm_90 emulation of dot_scaled (MX operands only)."""
+    from jax_blockscale._triton import dot_scaled_nvidia as nv
+    from jax_blockscale._triton.problem import GemmProblem
+
+    failures = []
+    cc = int(str(jax.devices()[0].compute_capability).replace(".", ""))
+    formats = {"e4m3": "mxfp8_e4m3", "e2m1": "mxfp4"}
+    for a_kind, b_kind in (("e4m3", "e2m1"), ("bf16", "e2m1")):
+        m, n, k = (129, 65, 256) if small else (129, 200, 1056)
+        p = GemmProblem(1, False, m, n, k, a_kind, b_kind, "fp32")
+        a = _x(1, m, k)
+        if a_kind == "bf16":
+            a_q, a_v, a_s = a.astype(jnp.bfloat16), a.astype(jnp.bfloat16), jnp.zeros((1, m, 1), jnp.uint8)
+        else:
+            a_q = jb.quantize(a, formats[a_kind])
+            a_v, a_s = a_q.values, a_q.scales
+        b_q = jb.quantize(_x(n, k), formats[b_kind])
+        out = jax.jit(lambda *xs: nv.launch(p, *xs, config=nv.default_config(p), compute_capability=cc))(
+            a_v, a_s, b_q.values, b_q.scales, jnp.ones((1,), jnp.float32))
+        err = _rel(out, jb.reference.matmul(a_q, b_q, jnp.float32))
+        ok = err < 1e-5
+        print(f"{'ok  ' if ok else 'FAIL'} dot_scaled {a_kind} x {b_kind} ({m}, {n}, {k}) emulated on sm_{cc}: "
+              f"rel err {err:.2e}")
+        if not ok:
+            failures.append(f"dot_scaled/{a_kind}x{b_kind}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small", action="store_true", help="smallest shapes (for racecheck / initcheck)")
+    ap.add_argument("--only", default=",".join(FAMILIES), help=f"comma-separated subset of {FAMILIES}")
+    args = ap.parse_args(argv)
+    families = set(args.only.split(","))
+    if jax.default_backend() != "gpu":
+        print("needs a GPU (the kernels are what compute-sanitizer checks)", file=sys.stderr)
+        return 2
+    print(f"target {jb.detect_target()}, families {sorted(families)}")
+    failures = run_matmuls(families, args.small)
+    if "quantize" in families:
+        failures += run_quantize(args.small)
+    if "dot_scaled" in families:
+        failures += run_dot_scaled(args.small)
+    print(f"{len(failures)} failures" + (f": {failures}" if failures else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
