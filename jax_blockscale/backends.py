@@ -47,8 +47,10 @@ _BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 # MX weights only for now: on an H100 (2026-11-22) its block_fp8 weights (bf16 x block_fp8, every M) and
 # nvfp4 weights on the CUDA-core FMA variant (M <= 4) gave wrong results (relative errors 0.23-1.4 in
 # tests/test_gpu_decode.py), so those pairs keep the block_fp8 / upcast kernels until that is fixed.
-_WEIGHT_KINDS = MX_KINDS
-_DECODE_PAIRS = frozenset({("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS)
+_WEIGHT_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8)
+_DECODE_PAIRS = frozenset(
+    {("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
+)
 DECODE_MAX_ROWS = 64
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
