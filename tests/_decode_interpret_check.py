@@ -5,9 +5,10 @@ workspace / zeroed outputs, and the kernel; compared against the jnp reference o
 Run by tests/test_decode_interpret.py in a subprocess (TRITON_INTERPRET=1 must be set before
 triton.language is imported). Prints one JSON line per case.
 
-How: the primitive's CPU lowering is replaced by its GPU one (`primitive._kernel_impl` for target sm_90,
-no compute capability, so the inline-PTX fp4 decode is off: the interpreter cannot run PTX), and
-jax-triton's `triton_call` by a host callback that runs the kernel in the interpreter. Outputs the
+How: the primitive's CPU lowering is replaced by its GPU one (`primitive._kernel_impl` for target sm_90),
+and jax-triton's `triton_call` by a host callback that runs the kernel in the interpreter. A case with
+"asm" runs the inline-PTX fp4 decode through tests/_ptx_emulator.py (compute capability 90); without it
+the launcher gets none, so the fp32 decode of `upcast.py` runs. Outputs the
 launcher does not list as zeroed start as NaN / 0x5A5A5A5A, so a kernel that relied on them would show.
 XLA:CPU runs host callbacks on threads that flush float32 subnormals (MXCSR FTZ/DAZ), which would zero
 e2m1's 0.5 and every fp6 subnormal before the kernel's exact 2**126 multiply; so the interpreter runs
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 from jax.interpreters import mlir  # noqa: E402
 
 import jax_blockscale as jb  # noqa: E402
+import _ptx_emulator  # noqa: E402
 from _interpret import run  # noqa: E402
 from jax_blockscale import primitive  # noqa: E402
 from jax_blockscale._triton import jt  # noqa: E402
@@ -40,6 +42,8 @@ _IEEE_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 _IEEE_THREAD.submit(lambda: None).result()
 
 TARGET = "sm_90"
+_COMPUTE_CAPABILITY = [None]  # per case: 90 runs the PTX decode (emulated), None the fp32 one
+_ptx_emulator.install()
 LAUNCHES = []  # (kernel name, constexprs) of every interpreted launch, for the caller to check
 
 
@@ -75,7 +79,8 @@ jt.jax_triton = lambda: _InterpretedJaxTriton
 
 def _interpreted_lowering(ctx, *args, target, **params):
     del target
-    fn = functools.partial(primitive._kernel_impl, target=TARGET, compute_capability=None, **params)
+    fn = functools.partial(primitive._kernel_impl, target=TARGET, compute_capability=_COMPUTE_CAPABILITY[0],
+                           **params)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
@@ -98,6 +103,7 @@ def run_case(case):
     out_dtype = jnp.dtype(case.get("out_dtype", "bfloat16"))
     kernel = jb.explain(a, b, target=TARGET).kernel
     LAUNCHES.clear()
+    _COMPUTE_CAPABILITY[0] = 90 if case.get("asm") else None
     out = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype, config=config))(a, b)
     ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
     out64, ref64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)

@@ -29,8 +29,11 @@ around the weight read:
 
 Exactness as in `upcast.py`: every decoded element times its power-of-two (or e4m3) scale is exact in
 bf16. block_fp8 weights: the e4m3 codes are exact in bf16, and each 128-wide K tile's fp32 product is
-multiplied by the weight tile's and the activation group's fp32 scales (DeepSeek's promotion interval),
-with a bf16 (not fp8) MMA, so nothing is truncated within a block.
+multiplied by the weight tile's fp32 scale and (block_fp8 activations) the activation group's
+(DeepSeek's promotion interval), with a bf16 (not fp8) MMA, so nothing is truncated within a block.
+
+CPU coverage: tests/test_decode_interpret.py runs this kernel in Triton's interpreter for every weight
+format and variant, the PTX fp4 decode through an emulator (tests/_ptx_emulator.py).
 """
 
 from __future__ import annotations
