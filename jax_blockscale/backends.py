@@ -49,11 +49,15 @@ _UPCAST_PAIRS = frozenset(
 _BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 # The decode kernel (_triton/decode.py): every weight kind with bf16 activations or the quantized kinds
 # that pair with it. Kept here (not imported from the kernel module) so dispatch needs no triton.
-# MX weights only for now: on an H100 (2026-11-22) its block_fp8 weights (bf16 x block_fp8, every M) and
-# nvfp4 weights on the CUDA-core FMA variant (M <= 4) gave wrong results (relative errors 0.23-1.4 in
-# tests/test_gpu_decode.py), so those pairs keep the block_fp8 / upcast kernels until that is fixed.
-_WEIGHT_KINDS = MX_KINDS
-_DECODE_PAIRS = frozenset({("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS)
+# Every weight format again since the two bugs an H100 run found (2026-11-22, tests/test_gpu_decode.py,
+# relative errors 0.23-1.4) are fixed: bf16 x block_fp8 read the bf16 activations as fp32 scales, and
+# the PTX fp4 decode gave elements 2, 3 of a pack the scales of elements 0, 1, wrong once Triton packs
+# across nvfp4 scale groups (the FMA variant's layout on sm_90). tests/test_decode_interpret.py runs the
+# kernel in Triton's interpreter (the PTX emulated, packed across groups) for every format and variant.
+_WEIGHT_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8)
+_DECODE_PAIRS = frozenset(
+    {("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
+)
 DECODE_MAX_ROWS = 64
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")

@@ -63,6 +63,47 @@ class NumpyTensor:
         pass
 
 
+def _scalar_index(self) -> int:
+    return int(np.asarray(self.handle.data).reshape(-1)[0])
+
+
+def _patch_interpreter() -> None:
+    """Two fixes to Triton 3.6's interpreter, for kernels whose loop bounds or dots it misreads.
+
+    Scalar indices: it turns a scalar tensor into a Python int (a loop bound, `range(begin, end)` with a
+    program-dependent begin) with `int(data)`, and its scalars are 1-element arrays, which NumPy >= 2.3
+    refuses to convert; the patch reads the element instead.
+    bf16 dots: it keeps bf16 tensors as their uint16 bits and `tl.dot` multiplies those integers; the
+    patch widens bf16 operands to float32 first (exact), so the products are the values' products.
+    """
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_jax_blockscale_patched", False):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", _scalar_index)
+
+    builder = interpreter.InterpreterBuilder
+    create_dot = builder.create_dot
+
+    def widened(handle):
+        if handle.dtype == tl.bfloat16:
+            bits = handle.data.astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter._patch_lang_tensor = patch
+    builder.create_dot = dot
+    interpreter._jax_blockscale_patched = True
+
+
 @functools.lru_cache(maxsize=None)
 def interpreted(kernel):
     """`kernel` (a triton.jit function) as Triton's interpreter runs it, whatever TRITON_INTERPRET says.
@@ -74,6 +115,7 @@ def interpreted(kernel):
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    _patch_interpreter()
     globs = dict(kernel.fn.__globals__)
 
     def rebind(fn):

@@ -1,7 +1,8 @@
 """CPU tests of the decode kernel (`_triton/decode.py`): dispatch, cross-compiled instructions, one launch.
 
 No GPU needed. Instruction spellings are Triton 3.6's (see tests/test_lowering_hopper.py). The inline-PTX
-fp4 decode is checked by executing its instruction string on every byte with a small interpreter.
+fp4 decode is checked by executing its instruction string on every byte (tests/_ptx_emulator.py), with one
+scale and with a distinct scale per element of a pack.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import decode  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
+from _ptx_emulator import run_ptx  # noqa: E402
 
 WGMMA_BF16 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16")
 TCGEN05_F16 = re.compile(r"tcgen05\.mma\.cta_group::1\.kind::f16")
@@ -62,9 +64,10 @@ def test_dispatch_picks_decode_only_for_few_rows():
         assert backends.choose(target, "bf16", "e2m1", rows=65).kernel != "decode"
         assert backends.choose(target, "bf16", "e2m1").kernel != "decode"  # batched weight / unknown rows
     assert backends.choose("sm_90", "e4m3", "e2m1", rows=16).kernel == "decode"
-    # Wrong on an H100 for now (backends._DECODE_PAIRS): these keep their other kernels.
-    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16).kernel == "block_fp8"
-    assert backends.choose("sm_90", "bf16", "nvfp4", rows=1).kernel == "upcast"
+    for w in ("e2m1", "nvfp4", "e2m3", "e3m2", "e4m3", "e5m2", "block_fp8"):  # every weight format
+        assert backends.choose("sm_90", "bf16", w, rows=1).kernel == "decode"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16).kernel == "decode"
+    assert backends.choose("sm_90", "nvfp4", "nvfp4", rows=64).kernel == "decode"
     assert backends.choose("sm_90", "fp16", "e2m1", rows=16).kernel != "decode"
     assert backends.choose("cpu", "bf16", "e2m1", rows=1).path == "reference"
 
@@ -72,7 +75,7 @@ def test_dispatch_picks_decode_only_for_few_rows():
 def test_explain_shows_the_decode_path():
     assert jb.explain("bf16", "mxfp4", target="sm_90", rows=1).kernel == "decode"
     assert jb.explain("bf16", "mxfp4", target="sm_90").kernel == "hopper_mx"
-    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "mxfp4", side="b"))
+    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "nvfp4", side="b"))
     x = jax.ShapeDtypeStruct((2, 8, 512), jnp.bfloat16)  # 16 rows of an unbatched weight
     assert jb.explain(x, w, target="sm_90").kernel == "decode"
     assert "decode" in jb.explain_all("sm_90")
@@ -82,61 +85,49 @@ def test_explain_shows_the_decode_path():
 # the PTX fp4 decode, executed
 
 
-def _run_ptx(asm: str, regs: dict[str, int]) -> dict[str, int]:
-    """Executes the straight-line PTX of `decode._fp4_pair_ptx` (mov, prmt, shr, shl, and, or,
-    fma.rn.bf16x2) on 32-bit registers."""
-    def val(tok):
-        return int(tok, 0) if tok[0].isdigit() else regs[tok]
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
-    def bf16x2(x):
-        return np.array([x & 0xFFFF, x >> 16], np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
 
-    for line in asm.replace("\n", " ").split(";"):
-        parts = line.replace("{", " ").replace("}", " ").replace(",", " ").split()
-        if not parts or parts[0] == ".reg":
-            continue
-        op, dst, *src = parts
-        a = [val(s) for s in src]
-        if op == "mov.b32":
-            r = a[0]
-        elif op == "prmt.b32":
-            pool = a[0].to_bytes(4, "little") + a[1].to_bytes(4, "little")
-            r = int.from_bytes(bytes(pool[(a[2] >> (4 * i)) & 7] for i in range(4)), "little")
-        elif op == "shr.b32":
-            r = a[0] >> a[1]
-        elif op == "shl.b32":
-            r = (a[0] << a[1]) & 0xFFFFFFFF
-        elif op == "and.b32":
-            r = a[0] & a[1]
-        elif op == "or.b32":
-            r = a[0] | a[1]
-        elif op == "fma.rn.bf16x2":
-            # products of a 3-significant-bit value and a power of two: exact, so float64 then bf16 is rn
-            y = (bf16x2(a[0]) * bf16x2(a[1]) + bf16x2(a[2])).astype(ml_dtypes.bfloat16).view(np.uint16)
-            r = int(y[0]) | (int(y[1]) << 16)
-        else:
-            raise AssertionError(f"unexpected instruction {op}")
-        regs[dst] = r
-    return regs
+def _decode_packs(packed: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The PTX fp4 decode, emulated (tests/_ptx_emulator.py), on (n, 4) packed bytes and their (n, 4)
+    scales: (low-nibble elements, high-nibble elements), each (n, 4) float32."""
+    s16 = scales.astype(ml_dtypes.bfloat16)
+    regs = [packed.view(np.uint32)[:, 0], s16[:, :2].copy().view(np.uint32)[:, 0],
+            s16[:, 2:].copy().view(np.uint32)[:, 0]]
+    out = run_ptx(decode._fp4_pair_ptx(), 4, regs)
+    lo = np.stack(out[:2], 1).view(ml_dtypes.bfloat16).astype(np.float32)
+    hi = np.stack(out[2:], 1).view(ml_dtypes.bfloat16).astype(np.float32)
+    return lo, hi
+
+
+def _assert_decoded(packed, scales):
+    lo, hi = _decode_packs(packed, scales)
+    for got, nibbles in ((lo, packed & 15), (hi, packed >> 4)):
+        want = (_E2M1[nibbles] * scales).astype(ml_dtypes.bfloat16).astype(np.float32)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0**-127, 2.0**-10, 2.0**100, 0.375])
 def test_ptx_fp4_decode_matches_the_e2m1_table(scale):
-    # e2m1 codes: sign, 2 exponent bits (bias 1), 1 mantissa bit; code 1 is the subnormal 0.5.
-    table = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
-    table = np.concatenate([table, -table])
-    s_bits = int(np.array(scale, ml_dtypes.bfloat16).view(np.uint16))
+    # e2m1 codes: sign, 2 exponent bits (bias 1), 1 mantissa bit; code 1 is the subnormal 0.5. Every byte
+    # in every position of a pack, one scale (the bf16 subnormal 2**-127 is e8m0's code 0).
     rng = np.random.default_rng(0)
-    words = np.concatenate([np.arange(0, 2**32, 2**32 // 4096, dtype=np.uint64), rng.integers(0, 2**32, 512).astype(np.uint64)])
-    for word in words.tolist():
-        regs = _run_ptx(decode._fp4_pair_ptx(), {"$4": word, "$5": s_bits | (s_bits << 16), "$6": 0})
-        out = np.array([regs[r] for r in ("$0", "$1", "$2", "$3")], np.uint32).view(np.uint16)
-        got = out.view(ml_dtypes.bfloat16).astype(np.float64)
-        codes = word.to_bytes(4, "little")
-        lo = [table[b & 15] for b in codes]
-        hi = [table[b >> 4] for b in codes]
-        want = np.array(lo + hi) * scale  # outputs: lo of bytes 0..3, then hi of bytes 0..3
-        np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float64), err_msg=hex(word))
+    packed = np.concatenate([np.arange(256, dtype=np.uint8)[np.arange(1024) % 256].reshape(256, 4),
+                             np.roll(np.arange(256, dtype=np.uint8), 1).reshape(64, 4),
+                             rng.integers(0, 256, (512, 4), dtype=np.uint8)])
+    _assert_decoded(packed, np.full(packed.shape, scale, np.float32))
+
+
+def test_ptx_fp4_decode_gives_each_element_of_a_pack_its_own_scale():
+    """Which 4 elements a pack holds is the layout's choice: on sm_90 Triton packs the FMA variant's nvfp4
+    tile across 4 scale groups. Distinct e4m3 scales per element (subnormals included) must each reach
+    their own element; the first PTX gave elements 2 and 3 the scales of 0 and 1 (wrong on an H100)."""
+    rng = np.random.default_rng(1)
+    packed = np.concatenate([np.arange(256, dtype=np.uint8).reshape(64, 4),
+                             rng.integers(0, 256, (960, 4), dtype=np.uint8)])
+    scales = rng.integers(1, 0x7F, packed.shape, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    _assert_decoded(packed, scales.astype(np.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,9 +197,9 @@ _OPS = re.compile(r"stablehlo\.(\w+)")
 _FREE = {"reshape", "constant", "custom_call", "return"}
 
 
-@pytest.mark.parametrize("fa,fb,m", [("bf16", "mxfp4", 1), ("bf16", "mxfp8", 16), ("mxfp8", "mxfp4", 64),
-                                     ("mxfp8", "mxfp8", 33), ("bf16", "mxfp6_e2m3", 7),
-                                     ("bf16", "mxfp8", 3)])
+@pytest.mark.parametrize("fa,fb,m", [("bf16", "mxfp4", 1), ("bf16", "nvfp4", 16), ("mxfp8", "mxfp4", 64),
+                                     ("fp8_block", "fp8_block", 33), ("bf16", "mxfp6_e2m3", 7),
+                                     ("bf16", "mxfp8", 3), ("bf16", "fp8_block", 2), ("nvfp4", "nvfp4", 4)])
 def test_matmul_lowers_to_one_kernel(fa, fb, m):
     n, k = 7168, 4096
     w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((n, k)), fb, side="b"))

@@ -29,8 +29,11 @@ around the weight read:
 
 Exactness as in `upcast.py`: every decoded element times its power-of-two (or e4m3) scale is exact in
 bf16. block_fp8 weights: the e4m3 codes are exact in bf16, and each 128-wide K tile's fp32 product is
-multiplied by the weight tile's and the activation group's fp32 scales (DeepSeek's promotion interval),
-with a bf16 (not fp8) MMA, so nothing is truncated within a block.
+multiplied by the weight tile's fp32 scale and (block_fp8 activations) the activation group's
+(DeepSeek's promotion interval), with a bf16 (not fp8) MMA, so nothing is truncated within a block.
+
+CPU coverage: tests/test_decode_interpret.py runs this kernel in Triton's interpreter for every weight
+format and variant, the PTX fp4 decode through an emulator (tests/_ptx_emulator.py).
 """
 
 from __future__ import annotations
@@ -64,8 +67,14 @@ _BF16X2_NEG0 = "0x80008000"
 
 
 def _fp4_pair_ptx() -> str:
-    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their (equal) bf16 scale
-    pair in $5/$6 -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble elements in $2,$3.
+    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their 4 bf16 scales in
+    $5 (bytes 0, 1) and $6 (bytes 2, 3) -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble
+    elements in $2,$3.
+
+    The 4 elements of a pack are whatever 4 consecutive registers the layout gives one thread, which need
+    not be 4 bytes of one scale group: for the FMA variant Triton lays the (rows, groups, bytes) tile out
+    with 4 groups per thread along the group axis (nvfp4, sizePerThread [1, 4, 1]), so each pair of
+    elements takes its own scale pair. (Applying $5 to all four gave wrong nvfp4 results on an H100.)
 
     prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart. For each half-word
     the code's exponent and mantissa bits (e1 e0 m) drop into bf16 bits 8..6 and its sign into bit 15: a
@@ -73,18 +82,18 @@ def _fp4_pair_ptx() -> str:
     so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
     bf16 fma keeps subnormals (no .ftz form exists).
     """
-    def pair(dst: str, shift: int) -> str:
+    def pair(dst: str, shift: int, scale: str) -> str:
         return (f"shr.b32 t, q, {shift};\n"
                 "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
                 "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
                 "or.b32 a, a, b;\n"
                 "fma.rn.bf16x2 a, a, k, z;\n"
-                f"fma.rn.bf16x2 {dst}, a, $5, z;\n")
+                f"fma.rn.bf16x2 {dst}, a, {scale}, z;\n")
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
             f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
             "prmt.b32 q, $4, 0, 0x3120;\n"
-            + pair("$0", 0) + pair("$1", 8) + pair("$2", 4) + pair("$3", 12) + "}")
+            + pair("$0", 0, "$5") + pair("$1", 8, "$6") + pair("$2", 4, "$5") + pair("$3", 12, "$6") + "}")
 
 
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
@@ -187,10 +196,14 @@ def decode_kernel(
         else:
             part = tl.dot(w, tl.trans(x), out_dtype=tl.float32)
         if W_KIND == "block_fp8":
-            # 128 x 128 weight tiles: BLOCK_N divides 128 or is a multiple, one scale per weight row here.
+            # 128 x 128 weight tiles: one scale per weight row and 128-wide K tile (BLOCK_K == 128).
             w_s = tl.load(w_scale_ptr + (rows_w // 128) * (K // 128) + k0 // 128)
-            x_s = tl.load(x_scale_ptr + rows_x * (K // 128) + k0 // 128)
-            acc += part * w_s[:, None] * x_s[None, :]
+            if X_KIND == "block_fp8":
+                x_s = tl.load(x_scale_ptr + rows_x * (K // 128) + k0 // 128)
+                acc += part * w_s[:, None] * x_s[None, :]
+            else:
+                # Dense activations have no scales: x_scale_ptr is their values again (launch).
+                acc += part * w_s[:, None]
         else:
             acc += part
 

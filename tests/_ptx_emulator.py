@@ -1,0 +1,140 @@
+"""A NumPy emulator of the few PTX instructions this package's inline assembly uses, so CPU tests can run it.
+
+Instructions: mov.b32 (immediate), prmt.b32 (default mode), shr/shl/and/or.b32 (register or immediate),
+fma.rn.bf16x2. Registers are uint32 arrays (one lane per pack). bf16x2 arithmetic is done in float64 and
+rounded to bf16 (nearest-even, subnormals kept, as PTX's bf16 fma, which has no .ftz form); the caller
+must run this where NumPy keeps float subnormals (not on an XLA:CPU callback thread).
+
+`install()` lets Triton's interpreter run `tl.inline_asm_elementwise` through it. Which elements form a
+pack is up to the compiler's layout on a GPU; here they are `pack` consecutive elements along `pack_axis`
+(default -2, the axis across scale groups in the decode kernel's (rows, groups, bytes) tiles, the way
+Triton packed the FMA variant's nvfp4 tile on sm_90), so an asm block that assumes more about its pack
+than "element i with its own operands i" fails here too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+
+_INSTRUCTION = re.compile(r"^([a-z0-9.]+)\s+(.*)$")
+
+
+def _bf16_halves(reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lo = ((reg & 0xFFFF) << 16).astype(np.uint32).view(np.float32)
+    hi = (reg & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return lo.astype(np.float64), hi.astype(np.float64)
+
+
+def _to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    return x.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, selector: int) -> np.ndarray:
+    """prmt.b32 default mode: result byte i = byte (selector nibble i & 7) of the 8-byte value {b, a}."""
+    pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = np.zeros_like(a)
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        if nibble & 8:
+            raise NotImplementedError("prmt sign replication")
+        out |= pool[nibble & 7] << (8 * i)
+    return out.astype(np.uint32)
+
+
+def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs `asm` with $0..$(n_outputs-1) as outputs and $n_outputs.. bound to `inputs` (uint32 arrays)."""
+    regs: dict[str, np.ndarray] = {f"${n_outputs + i}": np.asarray(x, np.uint32) for i, x in enumerate(inputs)}
+    shape = np.shape(inputs[0])
+
+    def value(token: str) -> np.ndarray:
+        token = token.strip()
+        if token in regs:
+            return regs[token]
+        return np.full(shape, int(token, 0), np.uint32)
+
+    for statement in re.split(r"[;\n]", asm):
+        statement = statement.strip().strip("{}").strip()
+        if not statement or statement.startswith(".reg"):
+            continue
+        match = _INSTRUCTION.match(statement)
+        if match is None:
+            raise ValueError(f"cannot parse PTX statement {statement!r}")
+        op, operands = match.group(1), [t.strip() for t in match.group(2).split(",")]
+        dst, srcs = operands[0], operands[1:]
+        if op == "mov.b32":
+            result = value(srcs[0])
+        elif op == "prmt.b32":
+            result = _prmt(value(srcs[0]), value(srcs[1]), int(srcs[2], 0))
+        elif op == "shr.b32":
+            result = value(srcs[0]) >> value(srcs[1])
+        elif op == "shl.b32":
+            result = value(srcs[0]) << value(srcs[1])
+        elif op == "and.b32":
+            result = value(srcs[0]) & value(srcs[1])
+        elif op == "or.b32":
+            result = value(srcs[0]) | value(srcs[1])
+        elif op == "fma.rn.bf16x2":
+            (a0, a1), (b0, b1), (c0, c1) = (_bf16_halves(value(s)) for s in srcs)
+            result = _to_bf16_bits(a0 * b0 + c0) | (_to_bf16_bits(a1 * b1 + c1) << 16)
+        else:
+            raise NotImplementedError(f"PTX instruction {op} is not emulated")
+        regs[dst] = np.asarray(result, np.uint64).astype(np.uint32)  # 32-bit wraparound of shl
+    return [regs[f"${i}"] for i in range(n_outputs)]
+
+
+def _to_registers(data: np.ndarray, pack: int, axis: int) -> np.ndarray:
+    """(..., n) elements -> (lanes, registers per pack) uint32, `pack` consecutive elements along `axis`."""
+    moved = np.moveaxis(data, axis, -1)
+    if moved.shape[-1] % pack:
+        raise ValueError(f"axis {axis} of length {moved.shape[-1]} does not split into packs of {pack}")
+    lanes = np.ascontiguousarray(moved).reshape(-1, pack)
+    raw = lanes.view(np.uint8).reshape(lanes.shape[0], -1)
+    if raw.shape[1] % 4:
+        raise ValueError("a pack must fill whole 32-bit registers")
+    return raw.view(np.uint32)
+
+
+def _from_registers(regs: np.ndarray, like_shape: tuple, dtype, pack: int, axis: int) -> np.ndarray:
+    moved_shape = np.moveaxis(np.empty(like_shape, np.uint8), axis, -1).shape
+    elements = np.ascontiguousarray(regs).view(np.uint8).view(dtype).reshape(moved_shape)
+    return np.ascontiguousarray(np.moveaxis(elements, -1, axis))
+
+
+def install(pack_axis: int = -2) -> None:
+    """Routes the interpreter's inline assembly (constraints "=r" outputs, "r" inputs) to `run_ptx`."""
+    from triton.runtime import interpreter
+
+    def create_inline_asm(self, asm, constraints, values, types, is_pure, pack):
+        del self, is_pure
+        datas = [v.data for v in values]
+        shape = datas[0].shape
+        axis = pack_axis if len(shape) >= 2 else -1
+        if pack == 1:
+            axis = -1
+        inputs = [_to_registers(d, pack, axis) for d in datas]
+        outs_np = [interpreter._get_np_dtype(t) for t in types]
+        regs_per_out = [pack * np.dtype(dt).itemsize // 4 for dt in outs_np]
+        n_out = sum(regs_per_out)
+        if constraints.count("=r") != n_out:
+            raise ValueError(f"constraints {constraints!r} do not match {n_out} output registers")
+        columns = [col for x in inputs for col in x.T]
+        results = run_ptx(asm, n_out, columns)
+        handles, first = [], 0
+        for t, dt, count in zip(types, outs_np, regs_per_out):
+            regs = np.stack(results[first:first + count], axis=-1)
+            first += count
+            handles.append(interpreter.TensorHandle(_from_registers(regs, shape, dt, pack, axis), t.scalar))
+        return _Results(handles)
+
+    interpreter.InterpreterBuilder.create_inline_asm = create_inline_asm
+
+
+class _Results:
+    def __init__(self, handles):
+        self.handles = handles
+
+    def get_result(self, i):
+        return self.handles[i]

@@ -1,0 +1,107 @@
+"""The decode kernel (`_triton/decode.py`) on the CPU, in Triton's interpreter, against the jnp reference.
+
+Every weight format, with bf16 and with quantized activations, on each compute variant (the swapped
+`tl.dot`, the CUDA-core FMAs) and each split-K reduction (none, the ordered workspace, fp32 atomics),
+at small odd shapes: K pads inside the kernel path, N spans two 128-row block_fp8 scale tiles and no
+whole number of weight tiles, M is not a power of two (and once a folded batch). fp4 weights also run
+the inline-PTX decode, emulated (tests/_ptx_emulator.py) with packs taken across scale groups, as
+Triton's layout packs the FMA variant's nvfp4 tile on sm_90. The whole `jb.matmul` GPU path runs:
+dispatch, the primitive's padding, the launcher, the kernel (tests/_decode_interpret_check.py).
+
+Most cases ask for float32 output, so the only difference from the reference is the fp32 summation
+order (1e-5); a few take bf16 output (2 bf16 eps). These cases fail on the two bugs the H100 found
+(bf16 x block_fp8 read the activations as scales; the PTX fp4 decode gave a pack's four elements the
+first two's scales) and on any wrong scale index along N or K.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+HERE = pathlib.Path(__file__).parent
+
+# weight format -> the quantized activation format it is paired with (besides bf16)
+WEIGHTS = {
+    "mxfp4": "mxfp8", "nvfp4": "nvfp4", "mxfp6_e2m3": "mxfp6_e3m2", "mxfp6_e3m2": "mxfp4",
+    "mxfp8": "mxfp8_e5m2", "mxfp8_e5m2": "mxfp6_e2m3", "fp8_block": "fp8_block",
+}
+FP4 = ("mxfp4", "nvfp4")
+
+
+def _block_k(fb):
+    return 256 if fb in FP4 else 128
+
+
+def _config(fb, rows, variant):
+    """variant: mma (no split), split (mma, ordered split-K 3), fma (ordered split-K 2), atomic (split-K 3,
+    fp32 atomics; FMA for fp4 weights, MMA otherwise)."""
+    fma = variant == "fma" or (variant == "atomic" and fb in FP4)
+    block_m = max(1, 1 << (rows - 1).bit_length()) if fma else max(16, 1 << (rows - 1).bit_length())
+    split = {"mma": 1, "split": 3, "fma": 2, "atomic": 3}[variant]
+    return dict(block_m=block_m, block_n=32 if fma else 64, block_k=_block_k(fb), group_m=1, num_warps=4,
+                num_stages=2, split_k=split, fma=fma, atomic_split_k=variant == "atomic", asm_decode=True)
+
+
+CASES = []
+seed = 0
+for fb, fq in WEIGHTS.items():
+    for fa in ("bf16", fq):
+        for i, variant in enumerate(("mma", "split", "fma", "atomic")):
+            seed += 1
+            batch, m = ([2], 3) if (fa != "bf16" and variant == "split") else ([], (1, 3, 5, 2)[i])
+            CASES.append(dict(fa=fa, fb=fb, batch=batch, m=m, n=150, k=700, seed=seed, a_gain=3.0,
+                              config=_config(fb, m * (batch[0] if batch else 1), variant),
+                              out_dtype="float32" if variant != "mma" else "bfloat16"))
+# The PTX fp4 decode (emulated), both compute variants; nvfp4 activations with a tensor scale != 1.
+for fb in FP4:
+    for fa, variant in (("bf16", "fma"), ("bf16", "mma"), (WEIGHTS[fb], "atomic")):
+        seed += 1
+        CASES.append(dict(fa=fa, fb=fb, batch=[], m=3, n=150, k=700, seed=seed, a_gain=40.0, asm=True,
+                          config=_config(fb, 3, variant), out_dtype="float32"))
+# The default configuration, as dispatch gives it (FMA up to 4 rows, MMA above).
+for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
+                  ("mxfp8", "mxfp4", 5), ("bf16", "mxfp6_e3m2", 64)):
+    seed += 1
+    CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=700, seed=seed, out_dtype="float32"))
+
+
+def _id(case):
+    config = case.get("config") or {}
+    variant = ("default" if not config else
+               ("atomic" if config["atomic_split_k"] else "fma" if config["fma"] else "mma")
+               + f"-s{config['split_k']}")
+    return f"{case['fa']}-{case['fb']}-m{case['m']}-{variant}{'-asm' if case.get('asm') else ''}"
+
+
+@pytest.fixture(scope="module")
+def results():
+    root = str(HERE.parent)
+    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(HERE / "_decode_interpret_check.py"), json.dumps(CASES)],
+                          capture_output=True, text=True, env=env, timeout=1200, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[_id(c) for c in CASES])
+def test_decode_kernel_matches_reference(results, index):
+    result, case = results[index], CASES[index]
+    assert result["case"] == case
+    assert result["kernel"] == "decode", result  # dispatch sends every weight format here
+    (launch,) = result["launches"]
+    config = case.get("config")
+    if config:
+        assert (launch["FMA"], launch["ATOMIC"], launch["SPLIT_K"]) == (
+            config["fma"], config["atomic_split_k"], config["split_k"])
+    assert launch["ASM"] == bool(case.get("asm")) and launch["BLOCK_K"] == _block_k(case["fb"])
+    assert result["finite"], result
+    tolerance = 1e-5 if case["out_dtype"] == "float32" else 2 * 2.0**-8 + 1e-5
+    assert result["rel_err"] < tolerance, result
+
