@@ -20,7 +20,7 @@ Weight formats and the recipe each one is served with (`quantize_params` quantiz
 | mxfp4 | bf16 x mxfp4 (`w4a16`) | weight-only: no per-call quantization of the activations |
 | nvfp4 | bf16 x nvfp4 | weight-only, as above |
 | mxfp8 | bf16 x mxfp8 e4m3 | weight-only, as above |
-| fp8_block | fp8 1x128 x fp8 128x128 (`fp8_deepseek`) | block-FP8 weights need block-FP8 activations: no kernel pairs bf16 with them |
+| fp8_block | fp8 1x128 x fp8 128x128 (`fp8_deepseek`) | no kernel pairs bf16 activations with block-FP8 weights |
 
 Timing (`--loop fori`, the default): after prefill, the `--gen` decode steps run inside one jitted
 `jax.lax.fori_loop` whose carry is the KV cache, the current token and the token buffer. Each step is the
@@ -93,7 +93,8 @@ class Config:
         return self.prompt + self.gen
 
 
-TINY = Config(d_model=128, layers=2, heads=4, ffn=256, vocab=512, prompt=16, gen=16)
+# K of every projection a multiple of 256: the primitive pads K to that per call, copying the weight (README).
+TINY = Config(d_model=256, layers=2, heads=4, ffn=512, vocab=512, prompt=16, gen=16)
 
 
 # ------------------------------------------------------------------------------------------------- model
@@ -355,25 +356,27 @@ def _kernel_time_module():
     return _kernel_time
 
 
-def kernel_profile(runner: Runner, top: int):
-    """Kernel time per generated token (CUPTI) over two timed-mode decode runs; prints the top kernels."""
+def kernel_profile(runner: Runner, top: int, calls: int = 2):
+    """Kernel time per decode step (CUPTI) over `calls` timed-mode generations; prints the top kernels."""
     kt = _kernel_time_module()
     token, cache0 = runner.prompt_state
+    # Step mode donates the cache: fresh copies made before the trace, so their copies are not counted.
+    caches = iter([jax.block_until_ready(_copy(cache0)) for _ in range(calls)] if runner.loop == "step" else [])
 
     def run():
         if runner.loop == "step":
-            runner.prompt_state = (token, _copy(cache0))
+            runner.prompt_state = (token, next(caches))
         return runner.generate()
 
-    prof = kt.profile(run, calls=2, ops_per_call=runner.cfg.gen * runner.cfg.batch)
+    prof = kt.profile(run, calls=calls, ops_per_call=runner.cfg.gen)
     runner.prompt_state = (token, cache0)
     if not prof.ok:
         print(f"    kernel time: none ({prof.note})")
         return prof
     split = kt.breakdown(prof)
-    print(f"    kernel time {prof.kernel_s * 1e6:.1f} us/token ({prof.source}; gemm {split[kt.GEMM] * 1e6:.1f}, "
-          f"quantization {split[kt.QUANT] * 1e6:.1f}, other {split[kt.OTHER] * 1e6:.1f}), "
-          f"{prof.launches:.1f} launches/token")
+    print(f"    kernel time {prof.kernel_s * 1e6:.1f} us/step = {prof.kernel_s * 1e6 / runner.cfg.batch:.1f} us/token "
+          f"({prof.source}; gemm {split[kt.GEMM] * 1e6:.1f}, quantization {split[kt.QUANT] * 1e6:.1f}, other "
+          f"{split[kt.OTHER] * 1e6:.1f} us/step), {prof.launches:.1f} launches/step; top kernels per step:")
     for k in prof.top(top):
         print(f"      {k.seconds * 1e6:8.2f} us  x{k.launches:<5.3g} {k.category:<12} {k.name[:110]}")
     return prof
@@ -424,24 +427,41 @@ def run(cfg: Config, formats=FORMATS, *, loop: str = "fori", quantize_head: bool
         _, first, _ = runner.start(prompt)
         sec, tokens = runner.timed(repeats)
         tokens = np.concatenate([np.asarray(first)[:, None], tokens], axis=1)
-        if fmt == "bf16":
+        if fmt == "bf16":  # the reference: its free-running steps are the inputs the others are forced to
             ref_logits, ref_steps = teacher_forced_logits(runner, prompt, None, check_steps)
             ref_tokens = tokens
-        logits, _ = teacher_forced_logits(runner, prompt, ref_steps[:, 1:], check_steps)
-        check = compare(fmt, logits, ref_logits, tokens, ref_tokens)
+            check = compare(fmt, ref_logits, ref_logits, tokens, ref_tokens)
+        else:
+            logits, _ = teacher_forced_logits(runner, prompt, ref_steps[:, 1:], check_steps)
+            check = compare(fmt, logits, ref_logits, tokens, ref_tokens)
         res = results[fmt] = dict(ms_per_step=sec * 1e3, tokens_per_s=cfg.batch / sec,
                                   weight_bytes=runner.weight_bytes(), check=check, tokens=tokens)
-        say(f"{fmt:>9}: {res['ms_per_step']:8.3f} ms/step  {res['tokens_per_s']:9.1f} tokens/s  "
-            f"{results['bf16']['ms_per_step'] / res['ms_per_step']:5.2f}x bf16  weights "
-            f"{res['weight_bytes'] / 1e9:6.3f} GB/step ({res['weight_bytes'] / sec / 1e9:7.1f} GB/s)  | greedy = "
-            f"bf16 on {check.agreement:4.0%} of {check_steps} teacher-forced steps, logits rel err "
-            f"{check.logits_rel_err:.3f}, first {check.same_prefix}/{tokens.shape[1]} free-running tokens "
-            f"identical: {'ok' if check.passed else 'FAILED'} (needs >= {MIN_AGREEMENT[fmt]:.0%}, <= {MAX_LOGITS_ERR[fmt]})")
+        gbs = res["weight_bytes"] / sec / 1e9
+        say(f"{fmt:>9}: {res['ms_per_step']:8.3f} ms/step {res['tokens_per_s']:9.1f} tokens/s "
+            f"{results['bf16']['ms_per_step'] / res['ms_per_step']:5.2f}x bf16   weights "
+            f"{res['weight_bytes'] / 1e9:.3f} GB/step, {gbs:.0f} GB/s")
+        say(f"           check: greedy = bf16's on {check.agreement:.0%} of {check_steps} teacher-forced steps "
+            f"(>= {MIN_AGREEMENT[fmt]:.0%}), logits rel err {check.logits_rel_err:.3f} (<= {MAX_LOGITS_ERR[fmt]}), "
+            f"free-running: first {check.same_prefix}/{tokens.shape[1]} tokens identical: "
+            f"{'ok' if check.passed else 'FAILED'}")
         if kernel_time:
             say("    kernels: " + ("; ".join(explain_kernels(runner)) if fmt != "bf16" else "XLA dots"))
             res["kernel_profile"] = kernel_profile(runner, top)
         del runner  # its quantized weights: one format's tree in memory at a time
+    say(summary(cfg, results, loop))
     return results
+
+
+def summary(cfg: Config, results: dict[str, dict], loop: str) -> str:
+    """A markdown table of the results (the README's)."""
+    base = results["bf16"]["ms_per_step"]
+    rows = [f"\nbatch {cfg.batch}, prompt {cfg.prompt}, {cfg.gen} decode steps ({loop} loop), wall clock per step:",
+            "| weights | ms/step | tokens/s | vs bf16 | check |", "|---|---|---|---|---|"]
+    for fmt, r in results.items():
+        c = r["check"]
+        rows.append(f"| {fmt} | {r['ms_per_step']:.3f} | {r['tokens_per_s']:.0f} | {base / r['ms_per_step']:.2f}x | "
+                    f"{'ok' if c.passed else 'FAILED'} ({c.agreement:.0%}, {c.logits_rel_err:.3f}) |")
+    return "\n".join(rows)
 
 
 def main(argv=None) -> dict[str, dict]:
