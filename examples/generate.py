@@ -270,6 +270,7 @@ class Runner:
         self.prefill = make_prefill(self.model)
         self.decode = make_decode(self.model, cfg.gen)
         self.step = make_step(self.model) if loop == "step" else None
+        self.pos0 = jnp.int32(cfg.prompt)  # on the device once, not transferred per generation
 
     def start(self, prompt: jax.Array):
         """Prefill: (its logits, first greedy token, cache) for the prompt."""
@@ -280,7 +281,7 @@ class Runner:
     def generate(self):
         """The `gen` decode steps from the prefilled state, as timed: greedy tokens (B, gen), unblocked."""
         token, cache = self.prompt_state
-        pos = jnp.int32(self.cfg.prompt)
+        pos = self.pos0
         if self.loop == "fori":
             return self.decode(self.params, cache, token, pos)[0]
         out = []
