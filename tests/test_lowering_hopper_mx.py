@@ -100,7 +100,7 @@ def test_dispatch_takes_hopper_mx_above_decode_rows_and_can_be_forced_back():
         assert backends.choose("sm_90", a_kind, b_kind).kernel == "hopper_mx"  # batched weight
         assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="upcast").kernel == "upcast"
     assert backends.choose("sm_90", "e2m1", "e2m1", rows=64).kernel == "decode"  # the decode entry stays
-    assert backends.choose("sm_90", "bf16", "nvfp4", rows=64).kernel == "upcast"  # small tiles: swapped upcast
+    assert backends.choose("sm_90", "bf16", "nvfp4", rows=64).kernel == "decode"  # every weight format decodes
     assert backends.choose("sm_100", "e4m3", "e4m3", rows=4096).kernel != "hopper_mx"
     with pytest.raises(ValueError, match="no entry"):
         backends.choose("sm_90", "e4m3", "e4m3", kernel="dot_scaled_nvidia")
