@@ -190,7 +190,8 @@ def variants(torch, n=7168, k=4096):
                     continue
                 block_m = max(1, 1 << (m - 1).bit_length()) if fma else max(16, 1 << (m - 1).bit_length())
                 cfg = TileConfig(block_m=block_m, block_n=block_n, block_k=block_k, group_m=1, num_warps=4,
-                                 num_stages=stages, split_k=split, fma=fma, atomic_split_k=atomic, asm_decode=asm)
+                                 num_stages=stages, split_k=split, fma=fma, atomic_split_k=atomic, asm_decode=asm,
+                                 kernel="decode")
                 try:
                     err = _checked(xa, ws[0], cfg)
                     f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))

@@ -101,7 +101,8 @@ def _decode_configs(rows: int, fb: str) -> dict[str, TileConfig]:
     """The decode kernel's non-atomic variants (as tests/test_gpu_decode.py builds them)."""
     block_k = 256 if fb in ("mxfp4", "nvfp4") else 128
     mma_m = max(16, 1 << (rows - 1).bit_length())
-    base = TileConfig(block_m=mma_m, block_n=64, block_k=block_k, group_m=1, num_warps=4, num_stages=3)
+    base = TileConfig(block_m=mma_m, block_n=64, block_k=block_k, group_m=1, num_warps=4, num_stages=3,
+                      kernel="decode")  # opt-in on sm_90: named
     out = {"mma_split1": base, "mma_split3": base.replace(split_k=3),
            "mma_split8_fp32_decode": base.replace(split_k=8, asm_decode=False)}
     if rows <= 8:

@@ -55,11 +55,14 @@ def _matmul_cases(small: bool):
          TileConfig(block_m=64, block_n=64, block_k=64, split_k=3, num_warps=4, num_stages=3)),
         ("upcast", "swapped", "nvfp4", "nvfp4", (7, 200), 129, None),
         ("upcast", "predecoded_tma", "mxfp8", "mxfp4", (1000, 224), 700, None),
-        ("decode", "mma", "bf16", "mxfp4", (1, 200), 129, None),
+        ("decode", "mma", "bf16", "mxfp4", (1, 200), 129,
+         TileConfig(block_m=16, block_n=64, block_k=256, group_m=1, num_warps=4, num_stages=3, kernel="decode")),
         ("decode", "fma_split3", "mxfp8", "mxfp8", (3, 4160), 65,
-         TileConfig(block_m=4, block_n=32, block_k=128, group_m=1, split_k=3, fma=True, num_warps=4, num_stages=3)),
+         TileConfig(block_m=4, block_n=32, block_k=128, group_m=1, split_k=3, fma=True, num_warps=4, num_stages=3,
+                    kernel="decode")),
         ("decode", "mma_split8_batched_a", "mxfp8", "mxfp4", (2, 9, 2048), 130,
-         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=8, num_warps=4, num_stages=3)),
+         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=8, num_warps=4, num_stages=3,
+                    kernel="decode")),
     ]
     if small:  # racecheck: K (the loop length, hence shared-memory traffic) cut to at most 1056
         cases = [c[:4] + (c[4][:-1] + (min(c[4][-1], 1056),),) + c[5:] for c in cases]

@@ -38,6 +38,8 @@ class KernelEntry:
     # Only for a batched weight or at least this many activation rows (large-M kernels whose tiles would
     # be mostly padding at decode sizes); None: any problem.
     min_rows: Optional[int] = None
+    # Set: automatic dispatch skips the entry (reachable with TileConfig(kernel=...)), and this says why.
+    opt_in: Optional[str] = None
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
@@ -88,7 +90,10 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     ),
     "sm_90": (
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",
-                    max_rows=DECODE_MAX_ROWS),
+                    max_rows=DECODE_MAX_ROWS,
+                    opt_in="slower than the kernels below on an H100 (2026-11-22, N=7168, K=4096, M=1/16/64: "
+                           "bf16 x mxfp4 46/36/50 us vs upcast 25/28/30; bf16 x nvfp4 53/48/58 vs 20/20/25; "
+                           "block FP8 107/26/40 vs block_fp8 16/14/17)"),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM), warp-specialized: a TMA producer warp group feeding two "
                     "fp8 e4m3 wgmma consumer warp groups, fp32 promotion per 128-K block",
@@ -160,6 +165,8 @@ def detect_target(device: jax.Device | None = None) -> str:
 
 
 def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: Optional[int]) -> bool:
+    if entry.opt_in is not None:
+        return False
     if entry.max_rows is not None and (rows is None or rows > entry.max_rows):
         return False
     if entry.min_rows is not None and rows is not None and rows < entry.min_rows:

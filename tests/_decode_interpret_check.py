@@ -16,6 +16,7 @@ on a thread started here, before XLA, with the default IEEE environment (a GPU k
 """
 
 import concurrent.futures
+import dataclasses
 import functools
 import json
 import os
@@ -42,6 +43,12 @@ _IEEE_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 _IEEE_THREAD.submit(lambda: None).result()
 
 TARGET = "sm_90"
+# The decode entry is opt-in on sm_90 (backends: slower than the older paths there, measured); this harness
+# checks the decode kernel as dispatch would run it, so it turns the entry on.
+from jax_blockscale import backends as _backends  # noqa: E402
+
+_backends.KERNEL_TABLE[TARGET] = tuple(dataclasses.replace(e, opt_in=None) if e.module == "decode" else e
+                                       for e in _backends.KERNEL_TABLE[TARGET])
 _COMPUTE_CAPABILITY = [None]  # per case: 90 runs the PTX decode (emulated), None the fp32 one
 _ptx_emulator.install()
 LAUNCHES = []  # (kernel name, constexprs) of every interpreted launch, for the caller to check

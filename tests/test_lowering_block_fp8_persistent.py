@@ -172,3 +172,25 @@ def test_config_without_persistent_runs_the_old_kernel():
     (kernel,) = jt.lowered_kernels(lowered)
     text = kernel.decode("latin-1")
     assert ".entry block_fp8_kernel" in text and not SETMAXNREG.search(text)
+
+
+def test_launch_uses_the_compiled_kernels_total_warps(monkeypatch):
+    """The warp-specialized kernel is compiled for 4 warps and runs 12: the launch must ask for 12 threads
+    groups (launched with the requested 4 it failed with CUDA_ERROR_INVALID_VALUE on an H100)."""
+    from jax_blockscale._triton import launch
+
+    real = launch._gpu_triton()
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def TritonKernel(self, name, num_warps, *rest):  # noqa: N802 - jaxlib's name
+            seen.append((name, num_warps))
+            return real.TritonKernel(name, num_warps, *rest)
+
+    monkeypatch.setattr(launch, "_gpu_triton", lambda: Recording())
+    a, b = _quantized(2048, 1024, 1024)
+    _lowered(lambda a, b: jb.matmul(a, b, target="sm_90"), a, b)
+    assert seen == [("persistent_block_fp8_kernel", 12)]

@@ -23,7 +23,15 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import decode  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
+from _dispatch import enable_entry  # noqa: E402
 from _ptx_emulator import run_ptx  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _decode_dispatched_on_sm90(monkeypatch):
+    """These tests check the decode kernel where dispatch sends it; on sm_90 that entry is opt-in."""
+    enable_entry(monkeypatch, "sm_90", "decode")
+
 
 WGMMA_BF16 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16")
 TCGEN05_F16 = re.compile(r"tcgen05\.mma\.cta_group::1\.kind::f16")

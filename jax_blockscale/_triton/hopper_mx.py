@@ -22,8 +22,8 @@ K = 256) are read with vector loads straight from the canonical (rows, K / block
 transpose or other kernel beside this one. Out-of-range rows of a tile read row 0's scales (any finite
 value times the TMA's zero fill is zero, and those output rows are not stored).
 
-`TileConfig.warp_specialize` passes `warp_specialize=True` to the K loop; Triton 3.6 emits the same sm_90
-PTX with and without it for this kernel (no producer/consumer partition), see `default_config`.
+`TileConfig.warp_specialize` is refused (`check_config`): Triton 3.6's warp specializer fails on this loop
+when compiling for an H100 (it emitted unspecialized PTX for some configurations on the CPU).
 """
 
 from __future__ import annotations
@@ -209,6 +209,10 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"block_k must be a power of two >= 32 (one MX block), got {config.block_k}")
     if p.k % config.block_k:
         raise ValueError(f"K ({p.k}) must be a multiple of block_k ({config.block_k}); the primitive pads K to 256")
+    if config.warp_specialize:
+        # Compiling this loop with warp_specialize=True for sm_90 fails inside Triton 3.6's
+        # NVGPUWarpSpecialization pass on an H100 (PassManager::run failed, nvfp4 x nvfp4, 2026-11-22).
+        raise ValueError("warp_specialize: Triton 3.6's warp specializer fails on the Hopper MX kernel's loop")
     if config.fp8_mma:
         if not fp8_mma_ready(p):
             raise ValueError(f"fp8_mma needs MX fp8 codes on both sides, got {p.a_kind} x {p.b_kind}")

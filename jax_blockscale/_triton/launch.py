@@ -107,6 +107,10 @@ def _emit(ctx, args, compiled, *, binary: str, compute_capability: int, num_warp
     """The custom call launching `compiled` (loaded from `binary`) on `grid`: every operand and result is a
     16-byte-aligned pointer; `scratch_shapes` become extra results the caller never sees."""
     gpu_triton = _gpu_triton()
+    # A warp-specialized kernel runs more warps than it was asked for (Triton 3.6 adds the producer and
+    # consumer partitions and records the total in metadata.num_warps); launching with the requested count
+    # fails with CUDA_ERROR_INVALID_VALUE (the PTX's .reqntid differs), as measured on an H100.
+    num_warps = max(num_warps, int(getattr(compiled.metadata, "num_warps", num_warps) or num_warps))
     triton_kernel = gpu_triton.TritonKernel(
         compiled.metadata.name, num_warps, 1, compiled.metadata.shared, binary,
         compiled.asm.get("ttir", ""), compute_capability,
