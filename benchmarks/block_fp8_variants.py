@@ -58,7 +58,7 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
     elif base == "tma":
         cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4, tma=True)
     elif base == "ws":
-        cfg = block_fp8_persistent.default_config(p, "sm_90").replace(warp_specialize=True, num_warps=4)
+        cfg = block_fp8_persistent.ws_config(p).replace(warp_specialize=True, num_warps=4)
     elif base == "p":
         cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
                          persistent=True)

@@ -102,9 +102,13 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
         KernelEntry("hopper_mx", _UPCAST_PAIRS, "upcast",
                     "Hopper has no block-scaled MMA: packed tiles by TMA, decoded to bf16 in registers before "
-                    "a bf16 wgmma, one kernel (no XLA dequantize pass)", min_rows=DECODE_MAX_ROWS + 1),
-        # The earlier path, kept for comparison (TileConfig(kernel="upcast")): XLA dequantizes large
-        # operands to bf16 first, then the bf16 TMA GEMM (measured 0.94-0.97x of XLA dequantize + dot).
+                    "a bf16 wgmma, one kernel (no XLA dequantize pass)", min_rows=DECODE_MAX_ROWS + 1,
+                    opt_in="half the speed of the upcast path below on an H100 (2026-11-22, kernel time, "
+                           "4096 x 8192 x 8192 and 4096 x 28672 x 8192: 0.39-0.47x XLA bf16 against upcast's "
+                           "0.70-0.93x): decoding both operands in the wgmma loop costs more than XLA's "
+                           "separate pass"),
+        # XLA dequantizes large operands to bf16 first, then the bf16 TMA GEMM (measured 1.02-1.06x of XLA
+        # dequantize + dot, 2026-11-22).
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "Hopper has no block-scaled MMA: decoded to bf16 (in XLA for large operands) before a bf16 "
                     "wgmma"),

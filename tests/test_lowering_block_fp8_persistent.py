@@ -43,8 +43,16 @@ def _compile(config: TileConfig, *, m=8192, n=8192, k=8192, batches=1, b_batched
                           num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def test_default_is_warp_specialized_tma_fp8_wgmma_without_spills():
+def test_default_is_the_measured_plain_persistent_loop():
     cfg = bp.default_config(BIG)
+    assert cfg.persistent and not cfg.warp_specialize and cfg.prefetch_scales and cfg.num_warps == 8
+    ptx = assembly(_compile(cfg))
+    assert TMA_LOAD in ptx and WGMMA_FP8.search(ptx) and not SETMAXNREG.search(ptx)
+    assert _ptxas_spill_bytes(ptx) == 0
+
+
+def test_ws_config_is_warp_specialized_tma_fp8_wgmma_without_spills():
+    cfg = bp.ws_config(BIG)
     assert cfg.persistent and cfg.warp_specialize and cfg.num_warps == 4
     compiled = _compile(cfg)
     ptx = assembly(compiled)
@@ -63,7 +71,7 @@ def test_promotion_waits_for_each_k_blocks_wgmma_before_releasing_its_tiles():
     # Every K block's fp32 partial product is scaled and added to the accumulator (DeepSeek-V3's promotion),
     # so each consumer waits for all its wgmma (wait_group 0) before signalling the producer that the
     # shared-memory stage is free; a pending wgmma would otherwise read a tile being overwritten.
-    ptx = assembly(_compile(bp.default_config(BIG)))
+    ptx = assembly(_compile(bp.ws_config(BIG)))
     body = [ln.strip() for ln in ptx.splitlines()
             if re.search(r"wgmma\.wait_group|mbarrier\.arrive\.shared::cta|wgmma\.mma_async", ln)]
     waits = [i for i, ln in enumerate(body) if ln.startswith("wgmma.wait_group")]
@@ -83,7 +91,7 @@ def test_promotion_waits_for_each_k_blocks_wgmma_before_releasing_its_tiles():
     dict(block_n=64),
 ], ids=str)
 def test_variants_compile_to_tma_and_fp8_wgmma_without_spills(changes):
-    ptx = assembly(_compile(bp.default_config(BIG).replace(**changes)))
+    ptx = assembly(_compile(bp.ws_config(BIG).replace(**changes)))
     assert TMA_LOAD in ptx and WGMMA_FP8.search(ptx)
     assert _ptxas_spill_bytes(ptx) == 0
 
@@ -92,7 +100,7 @@ def test_batched_weight_odd_shape_compiles_with_pointer_store():
     # Batched b: 3D descriptors; Triton 3.6's specializer fails on a 3D descriptor store, so the launcher
     # asks for the pointer store there (tma_store_ok).
     p = GemmProblem(2, True, 300, 520, 768, "block_fp8", "block_fp8", "fp32")
-    cfg = bp.default_config(p)
+    cfg = bp.ws_config(p)
     assert not bp.tma_store_ok(p, cfg.warp_specialize, 2)
     compiled = _compile(cfg, m=300, n=520, k=768, batches=2, b_batched=True, tma_store=False)
     assert compiled.metadata.num_warps == 12 and WGMMA_FP8.search(assembly(compiled))
@@ -102,8 +110,8 @@ def test_one_k_block_runs_unspecialized():
     # K = 128: the K loop folds away and Triton 3.6's warp specializer fails; default_config and the
     # launcher fall back to the plain persistent loop.
     p = GemmProblem(1, False, 2048, 2048, 128, "block_fp8", "block_fp8", "bf16")
-    assert not bp.default_config(p).warp_specialize
-    assert WGMMA_FP8.search(assembly(_compile(bp.default_config(p), m=2048, n=2048, k=128)))
+    assert not bp.ws_config(p).warp_specialize
+    assert WGMMA_FP8.search(assembly(_compile(bp.ws_config(p), m=2048, n=2048, k=128)))
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -117,7 +125,7 @@ def test_one_k_block_runs_unspecialized():
 ])
 def test_check_config_refuses(changes, message):
     with pytest.raises(ValueError, match=message):
-        bp.check_config(BIG, bp.default_config(BIG).replace(**changes))
+        bp.check_config(BIG, bp.ws_config(BIG).replace(**changes))
 
 
 def test_dispatch_thresholds_and_switch(monkeypatch):
@@ -156,7 +164,7 @@ def test_matmul_lowers_large_block_fp8_to_one_persistent_launch():
     (kernel,) = jt.lowered_kernels(lowered)
     text = kernel.decode("latin-1")
     assert ".entry persistent_block_fp8_kernel" in text
-    assert TMA_LOAD in text and WGMMA_FP8.search(text) and SETMAXNREG.search(text)
+    assert TMA_LOAD in text and WGMMA_FP8.search(text)
     # 16 x 8 = 128 tiles: 128 programs (fewer tiles than SMs), each with its descriptors' scratch; no XLA
     # transpose of the scales by default (read with a stride in the kernel).
     hlo = lowered.as_text()
@@ -192,5 +200,6 @@ def test_launch_uses_the_compiled_kernels_total_warps(monkeypatch):
 
     monkeypatch.setattr(launch, "_gpu_triton", lambda: Recording())
     a, b = _quantized(2048, 1024, 1024)
-    _lowered(lambda a, b: jb.matmul(a, b, target="sm_90"), a, b)
+    ws = bp.ws_config(GemmProblem(1, False, 2048, 1024, 1024, "block_fp8", "block_fp8", "bf16"))
+    _lowered(lambda a, b: jb.matmul(a, b, target="sm_90", config=ws), a, b)
     assert seen == [("persistent_block_fp8_kernel", 12)]

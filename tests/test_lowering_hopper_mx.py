@@ -18,6 +18,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _dispatch import enable_entry  # noqa: E402
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import hopper_mx, upcast  # noqa: E402
@@ -36,6 +37,14 @@ PAIRS = [("e4m3", "e4m3"), ("e2m1", "e2m1"), ("nvfp4", "nvfp4"), ("e4m3", "e2m1"
 # Everything in a lowered program besides the kernel's custom call that computes nothing on the device.
 _NO_COMPUTE = {"stablehlo.custom_call", "stablehlo.constant", "stablehlo.reshape", "stablehlo.broadcast_in_dim"}
 
+
+SHIPPED_SM90 = backends.KERNEL_TABLE["sm_90"]  # before the fixture below turns hopper_mx on
+
+
+@pytest.fixture(autouse=True)
+def _hopper_mx_dispatched(monkeypatch):
+    """These tests check hopper_mx where dispatch would send it; the entry is opt-in on sm_90."""
+    enable_entry(monkeypatch, "sm_90", "hopper_mx")
 
 def _compile(p: GemmProblem, config: TileConfig):
     sig = {"a_ptr": _VALUE_TYPES[p.a_kind], "a_scale_ptr": _SCALE_TYPES.get(p.a_kind, "*u8"),
@@ -94,8 +103,15 @@ def test_check_config_refuses_what_the_kernel_cannot_do():
 # Dispatch and whole lowered programs
 
 
-def test_dispatch_takes_hopper_mx_above_decode_rows_and_can_be_forced_back():
-    for a_kind, b_kind in PAIRS:
+def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkeypatch):
+    (entry,) = [e for e in SHIPPED_SM90 if e.module == "hopper_mx"]
+    assert entry.opt_in and "H100" in entry.opt_in  # measured slower than upcast: not chosen by default
+    with monkeypatch.context() as patch:
+        patch.setitem(backends.KERNEL_TABLE, "sm_90", SHIPPED_SM90)
+        for a_kind, b_kind in PAIRS:
+            assert backends.choose("sm_90", a_kind, b_kind, rows=8192).kernel == "upcast"
+            assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="hopper_mx").kernel == "hopper_mx"
+    for a_kind, b_kind in PAIRS:  # the fixture's table: hopper_mx on
         assert backends.choose("sm_90", a_kind, b_kind, rows=65).kernel == "hopper_mx"
         assert backends.choose("sm_90", a_kind, b_kind).kernel == "hopper_mx"  # batched weight
         assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="upcast").kernel == "upcast"

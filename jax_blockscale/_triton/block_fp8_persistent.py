@@ -206,13 +206,23 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """The plain persistent loop (8 warps, 128 x 128 tiles, 4 stages) with each K step's scales prefetched:
+    the fastest variant measured on an H100 (2026-11-22, benchmarks/block_fp8_variants.py, kernel time):
+    0.71x cuBLAS blockwise geomean over the five issue-#13 shapes, against 0.66x for the one-program-per-
+    tile kernel. The warp-specialized variant (`ws_config`) compiles but its launch failed on the device.
+    """
+    del target
+    return TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
+                      persistent=True, prefetch_scales=True)
+
+
+def ws_config(p: GemmProblem) -> TileConfig:
     """128 x 128 tiles, one TMA producer and two 64-row wgmma consumer warp groups (DeepGEMM's split of a
     128-row tile), 4 stages of A/B tiles (4 x 32 KiB of shared memory, plus the epilogue's tile).
 
     128 x 256 would halve B's reloads but needs 256 fp32 registers per consumer thread (the promoted
     accumulator and one K block's partial product, 128 each) against the 232 Triton grants: it spills.
     Without K >= 256 (one K block) Triton 3.6's warp specializer fails, so the plain persistent loop runs."""
-    del target
     ws = p.k >= 2 * SCALE_GROUP
     return TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4 if ws else 8, num_stages=4,
                       persistent=True, warp_specialize=ws)
