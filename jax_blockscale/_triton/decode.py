@@ -67,7 +67,7 @@ _BF16X2_2_126 = "0x7E807E80"
 _BF16X2_NEG0 = "0x80008000"
 
 
-def _fp4_pair_ptx() -> str:
+def _fp4_pair_ptx(scaled: bool = True) -> str:
     """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their 4 bf16 scales in
     $5 (bytes 0, 1) and $6 (bytes 2, 3) -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble
     elements in $2,$3.
@@ -82,14 +82,17 @@ def _fp4_pair_ptx() -> str:
     normal code then reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m,
     so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
     bf16 fma keeps subnormals (no .ftz form exists).
+
+    scaled=False (the GEMV variant, which scales each group's dot product instead): $4 only, no scale
+    multiply; the outputs are e2m1's exact values.
     """
     def pair(dst: str, shift: int, scale: str) -> str:
         return (f"shr.b32 t, q, {shift};\n"
                 "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
                 "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
                 "or.b32 a, a, b;\n"
-                "fma.rn.bf16x2 a, a, k, z;\n"
-                f"fma.rn.bf16x2 {dst}, a, {scale}, z;\n")
+                + (f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
+                   else f"fma.rn.bf16x2 {dst}, a, k, z;\n"))
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
             f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
@@ -98,6 +101,7 @@ def _fp4_pair_ptx() -> str:
 
 
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
+_FP4_PTX_UNSCALED = tl.constexpr(_fp4_pair_ptx(scaled=False))
 
 
 @triton.jit
@@ -280,7 +284,7 @@ def gemv_x_row(x_ptr, x_scale_ptr, m, k0, K: tl.constexpr, X_KIND: tl.constexpr,
 
 @triton.jit
 def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.constexpr,
-              W_KIND: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+              W_KIND: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
     """acc + this K tile's contribution. acc: (R, G) per-group partial sums when M == 1 (reduced over
     groups once, after the K loop), else (R, BLOCK_M) row sums.
 
@@ -293,7 +297,13 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
     G: tl.constexpr = codes.shape[1]
     BPG: tl.constexpr = codes.shape[2]
     FP4: tl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
-    if FP4:
+    if FP4 and ASM:
+        # two elements per bf16x2 instruction (_fp4_pair_ptx), then widened for the fp32 FMAs
+        lo, hi = tl.inline_asm_elementwise(_FP4_PTX_UNSCALED, "=r,=r,=r,=r,r", [codes],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        w_lo = lo.to(tl.float32)
+        w_hi = hi.to(tl.float32)
+    elif FP4:
         w_lo = minifloat_to_f32(codes, 2, 1, 0)  # element 2i: byte i's low nibble
         w_hi = minifloat_to_f32(codes, 2, 1, 4)
     elif W_KIND == "e2m3":
@@ -336,7 +346,7 @@ def gemv_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, ASM: tl.constexpr,
 ):
     """As decode_kernel (same operands, outputs and split-K reduction), computed by CUDA-core FMAs over
     small weight tiles: the launcher sizes the grid to several programs per SM so that many 16-byte loads
@@ -370,12 +380,14 @@ def gemv_kernel(
             # The last program re-reads its last tile (an L2 hit) instead of branching on the load.
             k_next = tl.minimum(kt + 1, k_end - 1) * BLOCK_K
             next_codes, next_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, k_next, K, W_KIND, BLOCK_K)
-            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K)
+            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
+                            ASM)
             codes, raw_s = next_codes, next_s
     else:
         for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
             codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, kt * BLOCK_K, K, W_KIND, BLOCK_K)
-            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K)
+            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
+                            ASM)
     if M == 1:
         total = tl.sum(acc, axis=1)[:, None]
     else:
@@ -416,7 +428,7 @@ def _gemv_block_k(p: GemmProblem, row_bytes: int = 256) -> int:
 
 
 def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 16, row_bytes: int = 256,
-                num_warps: int = 4, num_stages: int = 2, programs_per_sm: int = 4) -> TileConfig:
+                num_warps: int = 4, num_stages: int = 2, programs_per_sm: int = 4, asm: bool = True) -> TileConfig:
     """The streaming GEMV's tiles: (block_n, row_bytes) weight bytes per K tile (4 KB: two 16-byte loads
     per thread at 4 warps), split-K only until about `programs_per_sm` programs per SM exist (each
     split adds a counter memset and a workspace round trip), keeping >= 2 K tiles per split."""
@@ -427,7 +439,8 @@ def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 
     while n_tiles * split < programs_per_sm * sms and k_tiles // (split * 2) >= 2:
         split *= 2
     return TileConfig(block_m=max(1, triton.next_power_of_2(rows)), block_n=block_n, block_k=block_k, group_m=1,
-                      num_warps=num_warps, num_stages=num_stages, split_k=split, gemv=True, prefetch=True)
+                      num_warps=num_warps, num_stages=num_stages, split_k=split, gemv=True, prefetch=True,
+                      asm_decode=asm)
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
@@ -437,7 +450,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     programs per SM, deterministic reduction, PTX fp4 decode on NVIDIA targets."""
     rows = p.batch * p.m
     if rows <= _FMA_MAX_ROWS:
-        return gemv_config(p)
+        return gemv_config(p, asm=target.startswith("sm_"))
     block_n = 64
     block_m = max(16, triton.next_power_of_2(rows))
     block_k = _block_k(p.b_kind)
@@ -518,7 +531,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
     if config.gemv:
         kernel, variant = gemv_kernel, "gemv"
-        constexprs = dict(PREFETCH=config.prefetch, NUM_STAGES=config.num_stages)
+        constexprs = dict(PREFETCH=config.prefetch, NUM_STAGES=config.num_stages, ASM=asm)
     else:
         kernel, variant = decode_kernel, "fma" if config.fma else "mma"
         constexprs = dict(FMA=config.fma, ASM=asm)
