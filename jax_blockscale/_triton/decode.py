@@ -13,6 +13,16 @@ around the weight read:
   fill one wgmma), the activations padded to BLOCK_M >= 16 rows its N side; (b) CUDA-core FMAs — a
   broadcast multiply and a sum over K, no padding of M, for M of a few rows. Which is faster at which M is
   to be measured (`benchmarks/decode.py --variants`); the heuristic default uses FMAs for M <= 4.
+- The streaming GEMV (`config.gemv`, the default for <= 4 rows): the first two variants, measured on an
+  H100 (N=7168, K=4096), read mxfp4 weights at 337 GB/s (46 us, 11% of HBM): 224 programs of 4 KB tiles
+  (1.7 per SM, the FMA variant's loads not pipelined) keep about 7 KB in flight per SM where ~25 KB are
+  needed (latency x bandwidth / 132); the MMA variant's 112 programs leave 20 SMs idle and convert every
+  decoded tile's layout through shared memory for the dot. The GEMV runs 16-row x 256-byte tiles (two
+  16-byte vectors per thread), about four programs per SM (split-K only when N is short of that),
+  `tl.range` pipelining (cp.async) plus an optional register prefetch; its tensors keep the load's layout
+  (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
+  multiplied by the group's scale once. FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
+  = 16 us of fp32 FMA on an H100), so more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
   partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
   SPLIT_K - 1 sums the partials in split order 0..SPLIT_K-1, applies alpha, casts and stores. Which
