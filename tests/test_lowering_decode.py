@@ -51,7 +51,11 @@ def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
 
 def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, **changes):
     p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
-    cfg = decode.default_config(p, target).replace(**changes)
+    cfg = decode.default_config(p, target)
+    if cfg.gemv:  # few rows default to the GEMV (tested below); these tests take decode_kernel's FMA variant
+        cfg = cfg.replace(gemv=False, fma=True, block_n=32, block_k=decode._block_k(w_kind), num_stages=4,
+                          split_k=1, asm_decode=target.startswith("sm_"))
+    cfg = cfg.replace(**changes)
     decode.check_config(p, cfg)
     consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FMA=cfg.fma, ATOMIC=cfg.atomic_split_k,
