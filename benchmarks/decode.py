@@ -1,7 +1,7 @@
 """Decode matmuls (M <= 64 x one weight): GPU kernel time per matmul, from a CUPTI trace.
 
     python -m benchmarks.decode               # the issue's table: shapes x formats x M, vs XLA bf16 / cuBLAS
-    python -m benchmarks.decode --variants    # both compute variants x split-K x tiles, to pick defaults
+    python -m benchmarks.decode --variants --time-budget 270   # greedy knob search per (format, M)
     python -m benchmarks.decode --quick       # N=7168, K=4096 only
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
@@ -15,7 +15,6 @@ ceiling: an XLA sum over a 1 GiB float32 array, timed the same way.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import sys
 import time
@@ -169,52 +168,180 @@ def table(shapes, rows, torch):
         del bf16_ws, weights
 
 
-def variants(torch, n=7168, k=4096):
-    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul (CUPTI)\n")
-    print("| format | M | fma | block_n | split | atomic | asm | stages | us | GB/s | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8"), ("fp8_block", "fp8_block")):
-        ws = _weights(fb, n, k, 1)
+# The decode kernel's knobs, most promising value first and the knobs in order of expected effect (the search
+# is cut off by the time budget). The GEMV (CUDA-core FMAs) serves 1 row, the swapped
+# MMA 16 and 64 (FMAs would be compute-bound there: 16 rows x 29M weights = 16 us of fp32 FMA on an H100).
+GEMV_SPACE = dict(block_n=(16, 8, 32, 64), split_k=(None, 1, 2, 4, 8), row_bytes=(256, 512, 128, 1024),
+                  num_warps=(4, 2, 8, 1), num_stages=(2, 3, 4, 1), prefetch=(True, False), asm_decode=(True, False),
+                  atomic_split_k=(False, True))
+MMA_SPACE = dict(block_n=(64, 32, 16, 128), split_k=(None, 1, 2, 4, 8), row_bytes=(128, 256, 64),
+                 num_warps=(4, 8, 2), num_stages=(4, 3, 2, 5), atomic_split_k=(False, True), asm_decode=(True, False))
+_KIND = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "fp8_block": "block_fp8", "bf16": "bf16"}
+# (activation, weight) formats and the issue's target per M: ("read", fraction of the read ceiling) or
+# ("xla", speedup over XLA bf16) or ("cublas", speedup over the older kernels / cuBLAS blockwise ~15 us)
+VARIANT_FORMATS = (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8"), ("fp8_block", "fp8_block"))
+
+
+def _config(p, knobs):
+    """A TileConfig for the decode kernel from sweep knobs; None if the knobs do not make a valid one."""
+    from jax_blockscale._triton import decode
+
+    gemv = knobs["gemv"]
+    rows = p.batch * p.m
+    epb = 2 if p.b_kind in ("e2m1", "nvfp4") else 1
+    block_k = 128 if (p.b_kind == "block_fp8" and not gemv) else knobs["row_bytes"] * epb
+    if p.b_kind == "block_fp8":
+        block_k = max(block_k, 128)
+    block_m = max(1, 1 << (rows - 1).bit_length()) if gemv else max(16, 1 << (rows - 1).bit_length())
+    n_tiles, k_tiles = -(-p.n // knobs["block_n"]), p.k // block_k if p.k % block_k == 0 else 0
+    if not k_tiles:
+        return None
+    split = knobs["split_k"]
+    if split is None:  # about four programs per SM, >= 2 K tiles each
+        split = 1
+        while n_tiles * split < 4 * 132 and k_tiles // (split * 2) >= 2:
+            split *= 2
+    if knobs["atomic_split_k"] and split == 1:
+        return None
+    cfg = TileConfig(block_m=block_m, block_n=knobs["block_n"], block_k=block_k, group_m=1,
+                     num_warps=knobs["num_warps"], num_stages=knobs["num_stages"], split_k=split, fma=False,
+                     atomic_split_k=knobs["atomic_split_k"], asm_decode=knobs["asm_decode"], gemv=gemv,
+                     prefetch=knobs.get("prefetch", True), kernel="decode")
+    try:
+        decode.check_config(p, cfg)
+    except ValueError:
+        return None
+    return cfg
+
+
+def _search(start, space, measure, deadline, applies):
+    """Greedy coordinate search from `start`: each knob's values in order, moving to any faster config at
+    once, repeated while something improves and time is left. Returns (best knobs, best us)."""
+    best, best_us, seen = dict(start), measure(start), {tuple(sorted(start.items()))}
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        for knob, values in space.items():
+            if not applies(knob):
+                continue
+            for v in values:
+                if time.monotonic() >= deadline:
+                    return best, best_us
+                cand = dict(best, **{knob: v})
+                key = tuple(sorted(cand.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                us = measure(cand)
+                if us < best_us:
+                    best, best_us, improved = cand, us, True
+    return best, best_us
+
+
+def variants(torch, n=7168, k=4096, time_budget=270.0):
+    """Sweeps the decode kernel's knobs per (format, M) within `time_budget` seconds (split evenly over
+    the 12 (format, M) pairs as they come, what one leaves goes to the next); prints every measured config
+    and then the best per (format, M) against XLA bf16 and the older kernels (dispatch's default on sm_90)."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import GemmProblem
+
+    t0 = time.monotonic()
+    ceiling = read_ceiling_gbs(torch)
+    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
+          f"read ceiling {ceiling:.0f} GB/s; budget {time_budget:.0f} s\n")
+    print("| format | M | variant | block_n | block_k | split | warps | stages | prefetch | asm | atomic | us | GB/s | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    bf16_ws = _weights("bf16", n, k, 0)
+    bf16_bytes = _nbytes(bf16_ws[0])
+    summary = []
+    pairs = [(fa, fb, m) for fa, fb in VARIANT_FORMATS for m in ROWS]
+    ws, ws_format = None, None
+    for i, (fa, fb, m) in enumerate(pairs):
+        if fb != ws_format:
+            ws, ws_format = _weights(fb, n, k, 1), fb
         nb = _nbytes(ws[0])
-        block_k = 256 if fb in ("mxfp4", "nvfp4") else 128
-        for m in (1, 4, 16, 64):
-            xa = _activation(fa, m, k)
-            default = jb.matmul  # the heuristic default first
-            us = kernel_us(jax.jit(default), [(xa, w) for w in ws], torch)
-            print(f"| {fb} | {m} | default | | | | | | {us:.1f} | {nb / us / 1e3:.0f} | {_checked(xa, ws[0]):.1e} |")
-            for fma, block_n, split, atomic, asm, stages in itertools.product(
-                    (True, False), (32, 64, 128), (1, 2, 4), (False, True), (True, False), (3, 4)):
-                if (fma and m > 4) or (atomic and split == 1) or (not asm and fb not in ("mxfp4", "nvfp4")):
-                    continue
-                if (not fma and block_n == 32) or (fb == "fp8_block" and block_n > 128):
-                    continue
-                block_m = max(1, 1 << (m - 1).bit_length()) if fma else max(16, 1 << (m - 1).bit_length())
-                cfg = TileConfig(block_m=block_m, block_n=block_n, block_k=block_k, group_m=1, num_warps=4,
-                                 num_stages=stages, split_k=split, fma=fma, atomic_split_k=atomic, asm_decode=asm,
-                                 kernel="decode")
-                try:
-                    err = _checked(xa, ws[0], cfg)
-                    f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
-                    us = kernel_us(f, [(xa, w) for w in ws], torch)
-                    print(f"| {fb} | {m} | {fma} | {block_n} | {split} | {atomic} | {asm} | {stages} | {us:.1f} | "
-                          f"{nb / us / 1e3:.0f} | {err:.1e} |")
-                except Exception as e:  # noqa: BLE001 - a config that fails to compile is a row, not a stop
-                    print(f"| {fb} | {m} | {fma} | {block_n} | {split} | {atomic} | {asm} | {stages} | failed: "
-                          f"{type(e).__name__} | | |")
-                sys.stdout.flush()
-        del ws
+        xa = _activation(fa, m, k)
+        args = [(xa, w) for w in ws]
+        ref = np.asarray(jb.reference.matmul(xa, ws[0], out_dtype=jnp.float32), np.float64)
+        x16 = _activation("bf16", m, k)
+        xla_us = kernel_us(xla, [(x16, w) for w in bf16_ws], torch)
+        old_us = kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), args, torch)
+        old_kernel = jb.explain(xa, ws[0]).kernel
+        p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
+        results = {}
+
+        def measure(knobs, label=None):
+            cfg = _config(p, knobs)
+            if cfg is None:
+                return float("inf")
+            row = (f"| {fb} | {m} | {label or ('gemv' if cfg.gemv else 'mma')} | {cfg.block_n} | {cfg.block_k} | "
+                   f"{cfg.split_k} | {cfg.num_warps} | {cfg.num_stages} | {cfg.prefetch if cfg.gemv else '-'} | "
+                   f"{cfg.asm_decode} | {cfg.atomic_split_k} |")
+            try:
+                f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
+                out = np.asarray(f(xa, ws[0]), np.float64)
+                err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+                if not err < 2e-2:  # bf16 output: a wrong config, not a slow one
+                    print(f"{row} WRONG | | {err:.1e} |")
+                    return float("inf")
+                us = kernel_us(f, args, torch)
+            except Exception as e:  # noqa: BLE001 - a config that fails to compile is a row, not a stop
+                print(f"{row} failed: {type(e).__name__} | | |")
+                return float("inf")
+            print(f"{row} {us:.1f} | {nb / us / 1e3:.0f} | {err:.1e} |")
+            sys.stdout.flush()
+            results[tuple(sorted(knobs.items()))] = (us, cfg)
+            return us
+
+        # the previous heuristic (FMA <= 4 rows, else the 64-row MMA) as a reference point, then the search
+        prev = decode.default_config(p, "sm_90")
+        if m <= 4:
+            measure(dict(gemv=False, block_n=32, row_bytes=128, split_k=None, num_warps=4, num_stages=4,
+                         atomic_split_k=False, asm_decode=True), label="old fma")
+        now = time.monotonic()
+        deadline = now + (t0 + time_budget - now) / (len(pairs) - i)  # an even share of what is left
+        fp4 = fb in ("mxfp4", "nvfp4")
+        if m <= 4:
+            start = dict(gemv=True, **{kk: v[0] for kk, v in GEMV_SPACE.items()})
+            space = GEMV_SPACE
+        else:
+            start = dict(gemv=False, block_n=prev.block_n, row_bytes=prev.block_k // (2 if fp4 else 1),
+                         split_k=prev.split_k, num_warps=prev.num_warps, num_stages=prev.num_stages,
+                         atomic_split_k=False, asm_decode=True)
+            space = MMA_SPACE
+        best, best_us = _search(start, space, measure, deadline,
+                                applies=lambda knob: knob != "asm_decode" or fp4)
+        if m == 16 and time.monotonic() < deadline:  # is the GEMV competitive at 16 rows?
+            measure(dict(gemv=True, **{kk: v[0] for kk, v in GEMV_SPACE.items()}))
+        us, cfg = min(results.values(), key=lambda r: r[0]) if results else (float("inf"), None)
+        summary.append((fb, m, us, cfg, nb, xla_us, old_us, old_kernel))
+
+    print(f"\nbest per (format, M), read ceiling {ceiling:.0f} GB/s, XLA bf16 reads {bf16_bytes / 1e6:.0f} MB:\n")
+    print("| format | M | best us | GB/s | % read | vs XLA bf16 | older kernel (us) | vs older | config |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fb, m, us, cfg, nb, xla_us, old_us, old_kernel in summary:
+        gbs = nb / us / 1e3
+        desc = ("none" if cfg is None else
+                f"{'gemv' if cfg.gemv else 'mma'} block_m={cfg.block_m} block_n={cfg.block_n} block_k={cfg.block_k} "
+                f"split_k={cfg.split_k} num_warps={cfg.num_warps} num_stages={cfg.num_stages} "
+                f"prefetch={cfg.prefetch} asm_decode={cfg.asm_decode} atomic_split_k={cfg.atomic_split_k}")
+        print(f"| {fb} | {m} | {us:.1f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% | {xla_us / us:.2f}x ({xla_us:.1f} us) | "
+              f"{old_kernel} {old_us:.1f} | {old_us / us:.2f}x | {desc} |")
+    print(f"\nsweep took {time.monotonic() - t0:.0f} s")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
     if args.variants:
-        variants(torch)
+        variants(torch, time_budget=args.time_budget)
     else:
         table([(7168, 4096)] if args.quick else SHAPES, ROWS, torch)
 

@@ -64,7 +64,25 @@ for fb in FP4:
         seed += 1
         CASES.append(dict(fa=fa, fb=fb, batch=[], m=3, n=150, k=700, seed=seed, a_gain=40.0, asm=True,
                           config=_config(fb, 3, variant), out_dtype="float32"))
-# The default configuration, as dispatch gives it (FMA up to 4 rows, MMA above).
+# The streaming GEMV (config.gemv): every weight format with bf16 and quantized activations; one row (per-group
+# accumulators) and several (row sums); no split, the ordered split-K over 3 splits, fp32 atomics.
+for fb, fq in WEIGHTS.items():
+    for fa, m, split, atomic in (("bf16", 1, 1, False), (fq, 3, 3, False), ("bf16", 2, 2, True)):
+        seed += 1
+        block_k = 512 if fb in FP4 else 256
+        CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=1536 if fb in FP4 else 700, seed=seed,
+                          a_gain=3.0, out_dtype="float32",
+                          config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=16 if m == 1 else 8,
+                                      block_k=block_k, group_m=1, num_warps=4, num_stages=2, split_k=split,
+                                      atomic_split_k=atomic, gemv=True, prefetch=split != 2)))
+# ... its PTX fp4 decode (emulated), a folded batch, and bf16 output.
+for fa, fb in (("bf16", "mxfp4"), ("nvfp4", "nvfp4")):
+    seed += 1
+    CASES.append(dict(fa=fa, fb=fb, batch=[2], m=2, n=150, k=700, seed=seed, a_gain=40.0, asm=True,
+                      out_dtype="bfloat16",
+                      config=dict(block_m=4, block_n=32, block_k=256, group_m=1, num_warps=4, num_stages=3,
+                                  split_k=2, gemv=True)))
+# The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
                   ("mxfp8", "mxfp4", 5), ("bf16", "mxfp6_e3m2", 64)):
     seed += 1
@@ -74,7 +92,8 @@ for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", 
 def _id(case):
     config = case.get("config") or {}
     variant = ("default" if not config else
-               ("atomic" if config["atomic_split_k"] else "fma" if config["fma"] else "mma")
+               ("gemv-" if config.get("gemv") else "")
+               + ("atomic" if config.get("atomic_split_k") else "fma" if config.get("fma") else "mma")
                + f"-s{config['split_k']}")
     return f"{case['fa']}-{case['fb']}-m{case['m']}-{variant}{'-asm' if case.get('asm') else ''}"
 
@@ -97,10 +116,17 @@ def test_decode_kernel_matches_reference(results, index):
     assert result["kernel"] == "decode", result  # dispatch sends every weight format here
     (launch,) = result["launches"]
     config = case.get("config")
+    gemv = launch["name"].endswith("_gemv")
     if config:
-        assert (launch["FMA"], launch["ATOMIC"], launch["SPLIT_K"]) == (
-            config["fma"], config["atomic_split_k"], config["split_k"])
-    assert launch["ASM"] == bool(case.get("asm")) and launch["BLOCK_K"] == _block_k(case["fb"])
+        assert gemv == bool(config.get("gemv"))
+        assert (launch.get("FMA"), launch["ATOMIC"], launch["SPLIT_K"]) == (
+            None if gemv else config["fma"], config.get("atomic_split_k", False), config["split_k"])
+        assert launch["BLOCK_K"] == config["block_k"]
+    else:
+        assert gemv == (case["m"] <= 4), launch  # the default: the GEMV up to 4 rows
+    assert launch["ASM"] == bool(case.get("asm"))
+    if not gemv:
+        assert launch["BLOCK_K"] == _block_k(case["fb"])
     assert result["finite"], result
     tolerance = 1e-5 if case["out_dtype"] == "float32" else 2 * 2.0**-8 + 1e-5
     assert result["rel_err"] < tolerance, result

@@ -138,7 +138,8 @@ def test_decode_step_lowers_to_decode_kernels_only(gen, fmt, monkeypatch):
 
     enable_entry(monkeypatch, "sm_90", "decode")  # opt-in on sm_90 (backends.KERNEL_TABLE says why)
     text, entries, weights = _lowered_decode(gen, gen.TINY, fmt, monkeypatch)
-    assert entries == ["decode_kernel"] * (PROJECTIONS * gen.TINY.layers)
+    assert len(entries) == PROJECTIONS * gen.TINY.layers
+    assert set(entries) <= {"decode_kernel", "gemv_kernel"}, entries  # decode.py's MMA or its GEMV (<= 4 rows)
     touching = _ops_on_weights(text, weights)
     assert not touching, touching[:3]
 
@@ -150,6 +151,6 @@ def test_decode_step_with_k_off_256_copies_no_weight(gen, monkeypatch):
 
     cfg = dataclasses.replace(gen.TINY, d_model=128, ffn=256)
     text, entries, weights = _lowered_decode(gen, cfg, "mxfp4", monkeypatch)
-    assert entries == ["decode_kernel"] * (PROJECTIONS * cfg.layers)
+    assert len(entries) == PROJECTIONS * cfg.layers and set(entries) <= {"decode_kernel", "gemv_kernel"}
     touching = _ops_on_weights(text, weights)
     assert not touching, touching[:3]

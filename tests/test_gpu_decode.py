@@ -86,8 +86,8 @@ def test_every_format_as_dispatched(fa, fb, m):
 
 
 def _configs(fb, rows):
-    """Both compute variants (FMA only for few rows), no split / ordered split 3 / atomic split 8, and for
-    fp4 weights the PTX decode and the fp32 one."""
+    """The compute variants (FMA only for few rows, the GEMV for <= 16), no split / ordered split 3 / atomic
+    split 8, and for fp4 weights the PTX decode and the fp32 one."""
     block_k = 256 if fb in FP4 else 128
     out = []
     for fma, (split, atomic), asm in itertools.product(
@@ -98,10 +98,16 @@ def _configs(fb, rows):
         out.append(TileConfig(block_m=block_m, block_n=32 if fma else 64, block_k=block_k, group_m=1,
                               num_warps=4, num_stages=3, split_k=split, fma=fma, atomic_split_k=atomic,
                               asm_decode=asm))
+    if rows <= 16:  # the streaming GEMV: its 512-code fp4 / 256-byte tiles, with and without the prefetch
+        for (split, atomic), asm in itertools.product(((1, False), (3, False), (8, True)),
+                                                      (True, False) if fb in FP4 else (True,)):
+            out.append(TileConfig(block_m=max(1, 1 << (rows - 1).bit_length()), block_n=16, block_k=2 * block_k,
+                                  group_m=1, num_warps=4, num_stages=2, split_k=split, atomic_split_k=atomic,
+                                  asm_decode=asm, gemv=True, prefetch=split != 3))
     return out
 
 
-# Each case compiles up to 8 configurations: by default every weight format once, M alternating.
+# Each case compiles up to 14 configurations: by default every weight format once, M alternating.
 @pytest.mark.parametrize("fb,m", grid([(fb, m) for fb in WEIGHTS for m in (3, 16)],
                                       lambda i, case: i % 2 == (i // 2) % 2))
 def test_every_variant(fb, m):

@@ -51,7 +51,11 @@ def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
 
 def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, **changes):
     p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
-    cfg = decode.default_config(p, target).replace(**changes)
+    cfg = decode.default_config(p, target)
+    if cfg.gemv:  # few rows default to the GEMV (tested below); these tests take decode_kernel's FMA variant
+        cfg = cfg.replace(gemv=False, fma=True, block_n=32, block_k=decode._block_k(w_kind), num_stages=4,
+                          split_k=1, asm_decode=target.startswith("sm_"))
+    cfg = cfg.replace(**changes)
     decode.check_config(p, cfg)
     consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FMA=cfg.fma, ATOMIC=cfg.atomic_split_k,
@@ -186,6 +190,69 @@ def test_gfx950_uses_bf16_mfma(w_kind, x_kind):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# the streaming GEMV variant (config.gemv)
+
+
+def _compile_gemv(w_kind, x_kind, target, *, rows=1, n=7168, k=4096, **changes):
+    p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
+    cfg = decode.gemv_config(p, asm=target.startswith("sm_")).replace(**changes)
+    decode.check_config(p, cfg)
+    consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, ATOMIC=cfg.atomic_split_k, WIDE=False,
+                  PREFETCH=cfg.prefetch, NUM_STAGES=cfg.num_stages, ASM=cfg.asm_decode)
+    compiled = compile_kernel(decode.gemv_kernel, target=target, signature=_signature(w_kind, x_kind),
+                              constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return assembly(compiled)
+
+
+_VECTOR_16B = re.compile(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async\.cg\.shared\.global(\.\w+)* \[[^]]+\], \[[^]]+\], 16")
+
+
+def test_gemv_default_for_few_rows_sized_for_many_programs_per_sm():
+    p = GemmProblem(1, False, 1, 7168, 4096, "bf16", "e2m1", "bf16")
+    cfg = decode.default_config(p, "sm_90")
+    assert cfg.gemv and cfg.block_m == 1
+    assert cfg.block_k // 2 == 256  # 256 bytes of each weight row per K tile
+    assert decode.triton.cdiv(p.n, cfg.block_n) * cfg.split_k >= 4 * 132
+    assert not decode.default_config(p.__class__(1, False, 16, 7168, 4096, "bf16", "e2m1", "bf16"), "sm_90").gemv
+    # a K that 512 codes do not divide takes 256-code tiles
+    assert decode.default_config(GemmProblem(1, False, 1, 7168, 768, "bf16", "e2m1", "bf16")).block_k == 256
+
+
+@pytest.mark.parametrize("w_kind,x_kind,rows", [("e2m1", "bf16", 1), ("nvfp4", "bf16", 1), ("e4m3", "bf16", 1),
+                                                ("block_fp8", "block_fp8", 1), ("e2m1", "e4m3", 4),
+                                                ("e3m2", "bf16", 2)])
+def test_sm90_gemv_streams_16_byte_vectors_without_mma(w_kind, x_kind, rows):
+    asm = _compile_gemv(w_kind, x_kind, "sm_90", rows=rows)
+    assert _VECTOR_16B.search(asm)  # whole 16-byte vectors of each weight row
+    assert "cp.async" in asm  # tl.range's pipelining keeps further tiles in flight
+    assert not WGMMA_BF16.search(asm) and "mma.sync" not in asm
+    assert "fma.rn.f32" in asm and ".ftz" not in asm
+    if w_kind in ("e2m1", "nvfp4"):
+        assert "fma.rn.bf16x2" in asm and "prmt.b32" in asm  # the unscaled inline-PTX fp4 decode
+    # the sums over a scale group stay inside a thread: a few shuffles for the final row sums only
+    assert len(re.findall(r"shfl\.sync", asm)) <= 16 * rows
+
+
+def test_gemv_split_k_reductions():
+    asm = _compile_gemv("e2m1", "bf16", "sm_90", split_k=4)
+    assert "atom.global.gpu.acq_rel.add" in asm and not _FP32_ATOMIC.search(asm)
+    asm = _compile_gemv("e2m1", "bf16", "sm_90", split_k=4, atomic_split_k=True)
+    assert _FP32_ATOMIC.search(asm)
+
+
+@pytest.mark.parametrize("target", ["sm_100", "gfx950"])
+@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("nvfp4", "nvfp4"), ("block_fp8", "block_fp8")])
+def test_gemv_compiles_for_blackwell_and_gfx950(target, w_kind, x_kind):
+    asm = _compile_gemv(w_kind, x_kind, target, rows=2)
+    if target == "gfx950":
+        assert "v_mfma" not in asm and re.search(r"(global|buffer)_load_dwordx4", asm)
+        assert ".amdhsa_float_denorm_mode_32 3" in asm
+    else:
+        assert "tcgen05.mma" not in asm and "fma.rn.f32" in asm
+
+
+# ---------------------------------------------------------------------------------------------------------
 # the whole matmul lowered for cuda: one custom call and nothing around it
 
 
@@ -218,7 +285,7 @@ def test_matmul_lowers_to_one_kernel(fa, fb, m):
     from jax_blockscale._triton import jt
 
     kernels = jt.lowered_kernels(lowered)
-    assert len(kernels) == 1 and b"decode_kernel" in kernels[0]
+    assert len(kernels) == 1 and (b"gemv_kernel" if m <= 4 else b"decode_kernel") in kernels[0]
     assert text.count("stablehlo.custom_call") == 1
     ops = set(_OPS.findall(re.sub(r"backend_config = \"[^\"]*\"", "", text)))
     # broadcast_in_dim of a constant is folded; any other op would be an XLA kernel around ours

@@ -13,6 +13,16 @@ around the weight read:
   fill one wgmma), the activations padded to BLOCK_M >= 16 rows its N side; (b) CUDA-core FMAs — a
   broadcast multiply and a sum over K, no padding of M, for M of a few rows. Which is faster at which M is
   to be measured (`benchmarks/decode.py --variants`); the heuristic default uses FMAs for M <= 4.
+- The streaming GEMV (`config.gemv`, the default for <= 4 rows): the first two variants, measured on an
+  H100 (N=7168, K=4096), read mxfp4 weights at 337 GB/s (46 us, 11% of HBM): 224 programs of 4 KB tiles
+  (1.7 per SM, the FMA variant's loads not pipelined) keep about 7 KB in flight per SM where ~25 KB are
+  needed (latency x bandwidth / 132); the MMA variant's 112 programs leave 20 SMs idle and convert every
+  decoded tile's layout through shared memory for the dot. The GEMV runs 16-row x 256-byte tiles (two
+  16-byte vectors per thread), about four programs per SM (split-K only when N is short of that),
+  `tl.range` pipelining (cp.async) plus an optional register prefetch; its tensors keep the load's layout
+  (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
+  multiplied by the group's scale once. FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
+  = 16 us of fp32 FMA on an H100), so more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
   partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
   SPLIT_K - 1 sums the partials in split order 0..SPLIT_K-1, applies alpha, casts and stores. Which
@@ -46,7 +56,7 @@ import triton.language as tl
 from . import jt
 from .block_fp8 import OUT_DTYPES, check_operands
 from .problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
-from .upcast import load_operand, load_scales
+from .upcast import load_operand, load_scales, minifloat_to_f32, scales_to_f32
 
 # Weight kinds x the activation kinds that pair with them (fp16 activations take the reference, as in
 # upcast: the bf16 MMA would round them).
@@ -58,6 +68,7 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset(
 )
 MAX_ROWS = 64
 _FMA_MAX_ROWS = 4  # heuristic, to be measured: below it the padded MMA wastes >= 75% of its N side
+_GEMV_MAX_BLOCK_M = 16  # the GEMV's FMAs per weight element grow with the rows; tensor cores beyond
 _TYPICAL_SM_COUNT = 132
 _INT32_LIMIT = 2**31
 
@@ -66,7 +77,7 @@ _BF16X2_2_126 = "0x7E807E80"
 _BF16X2_NEG0 = "0x80008000"
 
 
-def _fp4_pair_ptx() -> str:
+def _fp4_pair_ptx(scaled: bool = True) -> str:
     """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their 4 bf16 scales in
     $5 (bytes 0, 1) and $6 (bytes 2, 3) -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble
     elements in $2,$3.
@@ -81,14 +92,17 @@ def _fp4_pair_ptx() -> str:
     normal code then reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m,
     so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
     bf16 fma keeps subnormals (no .ftz form exists).
+
+    scaled=False (the GEMV variant, which scales each group's dot product instead): $4 only, no scale
+    multiply; the outputs are e2m1's exact values.
     """
     def pair(dst: str, shift: int, scale: str) -> str:
         return (f"shr.b32 t, q, {shift};\n"
                 "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
                 "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
                 "or.b32 a, a, b;\n"
-                "fma.rn.bf16x2 a, a, k, z;\n"
-                f"fma.rn.bf16x2 {dst}, a, {scale}, z;\n")
+                + (f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
+                   else f"fma.rn.bf16x2 {dst}, a, k, z;\n"))
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
             f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
@@ -97,6 +111,7 @@ def _fp4_pair_ptx() -> str:
 
 
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
+_FP4_PTX_UNSCALED = tl.constexpr(_fp4_pair_ptx(scaled=False))
 
 
 @triton.jit
@@ -159,6 +174,41 @@ def load_activations(x_ptr, s_ptr, rows, k0, K: tl.constexpr, KIND: tl.constexpr
 
 
 @triton.jit
+def store_or_reduce(acc, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, pid_n, pid_k,
+                    M: tl.constexpr, N: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr):
+    """Stores the (BLOCK_N, BLOCK_M) fp32 tile `acc` (one K split's partial) transposed into out (M, N), after
+    the split-K reduction of the module docstring (ordered workspace, or fp32 atomics when ATOMIC)."""
+    BLOCK_N: tl.constexpr = acc.shape[0]
+    BLOCK_M: tl.constexpr = acc.shape[1]
+    alpha = tl.load(a_ts_ptr) * tl.load(b_ts_ptr)
+    out_ptrs = out_ptr + offs_m[None, :] * N + offs_n[:, None]
+    mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        if ATOMIC:
+            ws_tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+            tl.atomic_add(ws_tile, acc, mask=mask, sem="relaxed", scope="gpu")
+        else:
+            ws_tile = ws_ptr + pid_k * (M * N) + offs_m[None, :] * N + offs_n[:, None]
+            tl.store(ws_tile, acc, mask=mask)
+        # Every thread's partial is written before one thread's release of the counter (bar.sync, then
+        # a gpu-scope acq_rel atomic, cumulative under PTX's memory model); the last program's acquire
+        # orders its reads after all of them.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            if ATOMIC:
+                total = tl.load(ws_tile, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):  # fixed order: bitwise the same on every run
+                    total += tl.load(ws_ptr + s * (M * N) + offs_m[None, :] * N + offs_n[:, None], mask=mask,
+                                     other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def decode_kernel(
     w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr,  # inputs
     out_ptr, ws_ptr, count_ptr,  # outputs (jax-triton appends them after the inputs)
@@ -207,32 +257,153 @@ def decode_kernel(
         else:
             acc += part
 
-    alpha = tl.load(a_ts_ptr) * tl.load(b_ts_ptr)
-    out_ptrs = out_ptr + offs_m[None, :] * N + offs_n[:, None]
-    mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+    store_or_reduce(acc, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, pid_n, pid_k, M, N,
+                    SPLIT_K, ATOMIC)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The streaming GEMV variant (`config.gemv`): few rows, CUDA-core FMAs, built for HBM bandwidth.
+
+
+@triton.jit
+def gemv_weight_tile(w_ptr, s_ptr, rows, k0, K: tl.constexpr, KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The raw (rows, BLOCK_K) weight tile at k0, undecoded: codes (R, G, BPG) (G scale groups of BPG bytes)
+    and the groups' raw scales (R, G). Each row's BLOCK_K / epb bytes are contiguous: 16-byte vector loads."""
+    R: tl.constexpr = rows.shape[0]
+    EPB: tl.constexpr = 2 if (KIND == "e2m1" or KIND == "nvfp4") else 1
+    GROUP: tl.constexpr = 16 if KIND == "nvfp4" else (128 if KIND == "block_fp8" else 32)
+    G: tl.constexpr = BLOCK_K // GROUP
+    BYTES: tl.constexpr = BLOCK_K // EPB
+    offs_b = k0 // EPB + tl.arange(0, BYTES)
+    codes = tl.reshape(tl.load(w_ptr + rows[:, None] * (K // EPB) + offs_b[None, :]), (R, G, GROUP // EPB))
+    offs_g = k0 // GROUP + tl.arange(0, G)
+    if KIND == "block_fp8":
+        s = tl.load(s_ptr + (rows // 128)[:, None] * (K // 128) + offs_g[None, :])  # 128 x 128 weight tiles
     else:
-        if ATOMIC:
-            ws_tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-            tl.atomic_add(ws_tile, acc, mask=mask, sem="relaxed", scope="gpu")
+        s = tl.load(s_ptr + rows[:, None] * (K // GROUP) + offs_g[None, :])
+    return codes, s
+
+
+@triton.jit
+def gemv_x_row(x_ptr, x_scale_ptr, m, k0, K: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Activation row m's BLOCK_K elements at k0 as fp32 (BLOCK_K,): quantized kinds decoded with their
+    scales (exact in bf16, upcast.py), block_fp8 as unscaled codes."""
+    x = load_activations(x_ptr, x_scale_ptr, m + tl.arange(0, 1), k0, K, X_KIND, BLOCK_K)
+    return tl.reshape(x, (BLOCK_K,)).to(tl.float32)
+
+
+@triton.jit
+def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.constexpr,
+              W_KIND: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+    """acc + this K tile's contribution. acc: (R, G) per-group partial sums when M == 1 (reduced over
+    groups once, after the K loop), else (R, BLOCK_M) row sums.
+
+    The weight codes decode to their exact unscaled values (a bit shuffle and one exact multiply by a
+    power of two per element, upcast.minifloat_to_f32) once per tile; every activation row reuses them.
+    Each group's fp32 dot product is multiplied by the group's scale once, not each element, so the
+    per-element work is the decode and one FMA per row. All (R, G, BPG) tensors keep the load's layout
+    (one thread holds whole 16-byte groups), so the sums over a group stay inside a thread."""
+    R: tl.constexpr = codes.shape[0]
+    G: tl.constexpr = codes.shape[1]
+    BPG: tl.constexpr = codes.shape[2]
+    FP4: tl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
+    if FP4 and ASM:
+        # two elements per bf16x2 instruction (_fp4_pair_ptx), then widened for the fp32 FMAs
+        lo, hi = tl.inline_asm_elementwise(_FP4_PTX_UNSCALED, "=r,=r,=r,=r,r", [codes],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        w_lo = lo.to(tl.float32)
+        w_hi = hi.to(tl.float32)
+    elif FP4:
+        w_lo = minifloat_to_f32(codes, 2, 1, 0)  # element 2i: byte i's low nibble
+        w_hi = minifloat_to_f32(codes, 2, 1, 4)
+    elif W_KIND == "e2m3":
+        w_lo = minifloat_to_f32(codes, 2, 3, 0)
+        w_hi = w_lo
+    elif W_KIND == "e3m2":
+        w_lo = minifloat_to_f32(codes, 3, 2, 0)
+        w_hi = w_lo
+    else:  # e4m3 / e5m2 / block_fp8 codes arrive as float8 tensors
+        w_lo = codes.to(tl.float32)
+        w_hi = w_lo
+    if W_KIND == "block_fp8":
+        s = raw_s  # fp32 already
+    else:
+        s = scales_to_f32(raw_s, W_KIND)
+    offs_g = k0 // (BLOCK_K // G) + tl.arange(0, G)
+    for m in tl.static_range(M):
+        x = gemv_x_row(x_ptr, x_scale_ptr, m, k0, K, X_KIND, BLOCK_K)
+        if FP4:
+            x_lo, x_hi = tl.split(tl.reshape(x, (G, BPG, 2)))
+            part = tl.sum(w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :], axis=2)
         else:
-            ws_tile = ws_ptr + pid_k * (M * N) + offs_m[None, :] * N + offs_n[:, None]
-            tl.store(ws_tile, acc, mask=mask)
-        # Every thread's partial is written before one thread's release of the counter (bar.sync, then
-        # a gpu-scope acq_rel atomic, cumulative under PTX's memory model); the last program's acquire
-        # orders its reads after all of them.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            if ATOMIC:
-                total = tl.load(ws_tile, mask=mask, other=0.0, cache_modifier=".cg")
-            else:
-                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):  # fixed order: bitwise the same on every run
-                    total += tl.load(ws_ptr + s * (M * N) + offs_m[None, :] * N + offs_n[:, None], mask=mask,
-                                     other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+            part = tl.sum(w_lo * tl.reshape(x, (G, BPG))[None, :, :], axis=2)
+        group_s = s
+        if X_KIND == "block_fp8":
+            # the activation group's fp32 scale (1 x 128 blocks), applied as the weight's
+            group_s = s * tl.load(x_scale_ptr + m * (K // 128) + offs_g)[None, :]
+        if M == 1:
+            acc += part * group_s
+        else:
+            row = tl.sum(part * group_s, axis=1)
+            acc += tl.where(tl.arange(0, acc.shape[1])[None, :] == m, row[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def gemv_kernel(
+    w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr,  # inputs
+    out_ptr, ws_ptr, count_ptr,  # outputs (jax-triton appends them after the inputs)
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr,
+    NUM_STAGES: tl.constexpr, ASM: tl.constexpr,
+):
+    """As decode_kernel (same operands, outputs and split-K reduction), computed by CUDA-core FMAs over
+    small weight tiles: the launcher sizes the grid to several programs per SM so that many 16-byte loads
+    are in flight on every SM (the decode kernel's 1-2 programs per SM left HBM idle).
+
+    PREFETCH: the next K tile's raw codes and scales are loaded into registers before the current tile is
+    decoded (a register double buffer, independent of the software pipeliner); NUM_STAGES goes to
+    `tl.range` for Triton's own pipelining of the loads."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    rows_w = offs_n % N  # out-of-range rows read a valid row; the store mask drops them
+    rows_x = offs_m % M
+    if WIDE:
+        rows_w = rows_w.to(tl.int64)
+
+    GROUP: tl.constexpr = 16 if W_KIND == "nvfp4" else (128 if W_KIND == "block_fp8" else 32)
+    K_TILES: tl.constexpr = K // BLOCK_K
+    PER_SPLIT: tl.constexpr = triton.cdiv(K_TILES, SPLIT_K)
+    k_begin = pid_k * PER_SPLIT
+    k_end = tl.minimum(k_begin + PER_SPLIT, K_TILES)
+
+    if M == 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if PREFETCH:
+        codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, k_begin * BLOCK_K, K, W_KIND, BLOCK_K)
+        for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+            # The last program re-reads its last tile (an L2 hit) instead of branching on the load.
+            k_next = tl.minimum(kt + 1, k_end - 1) * BLOCK_K
+            next_codes, next_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, k_next, K, W_KIND, BLOCK_K)
+            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
+                            ASM)
+            codes, raw_s = next_codes, next_s
+    else:
+        for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+            codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, kt * BLOCK_K, K, W_KIND, BLOCK_K)
+            acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
+                            ASM)
+    if M == 1:
+        total = tl.sum(acc, axis=1)[:, None]
+    else:
+        total = acc
+    store_or_reduce(total, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m,
+                    pid_n, pid_k, M, N, SPLIT_K, ATOMIC)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -257,19 +428,63 @@ def split_k_for(n_tiles: int, k_tiles: int, *, sms: int = _TYPICAL_SM_COUNT, min
     return split
 
 
-def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """Heuristic, to be measured (`benchmarks/decode.py --variants`): CUDA-core FMAs for <= 4 rows (32
-    weight rows per program), otherwise the swapped MMA with 64 weight rows (one wgmma M side) and the
-    rows padded to >= 16; 128-byte weight rows per K tile, 4 stages; split-K to about two programs per
-    SM; deterministic reduction; PTX fp4 decode on NVIDIA targets."""
+def _gemv_block_k(p: GemmProblem, row_bytes: int = 256) -> int:
+    """`row_bytes` bytes of each weight row per K tile (fp4: 2 * row_bytes codes), or the largest power of
+    two below that which divides K (the primitive pads K to a multiple of 256)."""
+    block_k = row_bytes * (2 if p.b_kind in ("e2m1", NVFP4) else 1)
+    while p.k % block_k:
+        block_k //= 2
+    return max(block_k, 128 if p.b_kind == BLOCK_FP8 else SCALE_BLOCK.get(p.b_kind, 32))
+
+
+def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 16, row_bytes: int = 256,
+                num_warps: int = 4, num_stages: int = 2, programs_per_sm: int = 4, asm: bool = True) -> TileConfig:
+    """The streaming GEMV's tiles: (block_n, row_bytes) weight bytes per K tile (4 KB: two 16-byte loads
+    per thread at 4 warps), split-K only until about `programs_per_sm` programs per SM exist (each
+    split adds a counter memset and a workspace round trip), keeping >= 2 K tiles per split."""
     rows = p.batch * p.m
-    fma = rows <= _FMA_MAX_ROWS
-    block_n = 32 if fma else 64
-    block_m = max(1, triton.next_power_of_2(rows)) if fma else max(16, triton.next_power_of_2(rows))
+    block_k = _gemv_block_k(p, row_bytes)
+    n_tiles, k_tiles = triton.cdiv(p.n, block_n), p.k // block_k
+    split = 1
+    while n_tiles * split < programs_per_sm * sms and k_tiles // (split * 2) >= 2:
+        split *= 2
+    return TileConfig(block_m=max(1, triton.next_power_of_2(rows)), block_n=block_n, block_k=block_k, group_m=1,
+                      num_warps=num_warps, num_stages=num_stages, split_k=split, gemv=True, prefetch=True,
+                      asm_decode=asm)
+
+
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """Heuristic, to be measured (`benchmarks/decode.py --variants`): the streaming GEMV (CUDA-core FMAs,
+    many small programs per SM) for <= 4 rows; otherwise the swapped MMA with 64 weight rows (one wgmma M
+    side) and the rows padded to >= 16, 128-byte weight rows per K tile, 4 stages, split-K to about two
+    programs per SM, deterministic reduction, PTX fp4 decode on NVIDIA targets."""
+    rows = p.batch * p.m
+    if rows <= _FMA_MAX_ROWS:
+        return gemv_config(p, asm=target.startswith("sm_"))
+    block_n = 64
+    block_m = max(16, triton.next_power_of_2(rows))
     block_k = _block_k(p.b_kind)
     split = split_k_for(triton.cdiv(p.n, block_n), p.k // block_k)
     return TileConfig(block_m=block_m, block_n=block_n, block_k=block_k, group_m=1, num_warps=4,
-                      num_stages=4, split_k=split, fma=fma, asm_decode=target.startswith("sm_"))
+                      num_stages=4, split_k=split, fma=False, asm_decode=target.startswith("sm_"))
+
+
+def _check_gemv(p: GemmProblem, config: TileConfig) -> None:
+    group = 128 if p.b_kind == BLOCK_FP8 else SCALE_BLOCK[p.b_kind]
+    groups = {SCALE_BLOCK[k] for k in (p.a_kind, p.b_kind) if k in SCALE_BLOCK}
+    if config.block_m > _GEMV_MAX_BLOCK_M:
+        raise ValueError(f"the GEMV variant takes <= {_GEMV_MAX_BLOCK_M} rows (CUDA-core FMAs), block_m={config.block_m}")
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(config, name)
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    if config.block_k % group or any(config.block_k % g for g in groups) or p.k % config.block_k:
+        raise ValueError(f"block_k ({config.block_k}) must divide K ({p.k}) and be a multiple of every scale "
+                         f"block {sorted(groups | {group})}")
+    if p.b_kind == BLOCK_FP8 and 128 % config.block_n and config.block_n % 128:
+        raise ValueError("block_fp8 weights need block_n dividing 128 (or a multiple of it)")
+    if config.split_k < 1 or config.split_k > p.k // config.block_k:
+        raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
@@ -279,6 +494,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if rows > MAX_ROWS or config.block_m < rows:
         raise ValueError(f"the decode kernel takes <= {MAX_ROWS} rows in one tile: rows={rows}, "
                          f"block_m={config.block_m}")
+    if config.gemv:
+        _check_gemv(p, config)
+        return
     if not config.fma and config.block_m < 16:
         raise ValueError("the MMA variant needs block_m >= 16 (the dot's smallest N side here)")
     if p.k % config.block_k:
@@ -321,10 +539,16 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         ws_shape, zeroed = (split * rows * p.n,), (2,)
     wide = max(p.n * p.k, split * rows * p.n) >= _INT32_LIMIT
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
-    name = f"decode_{p.a_kind}_{p.b_kind}_{'fma' if config.fma else 'mma'}"
+    if config.gemv:
+        kernel, variant = gemv_kernel, "gemv"
+        constexprs = dict(PREFETCH=config.prefetch, NUM_STAGES=config.num_stages, ASM=asm)
+    else:
+        kernel, variant = decode_kernel, "fma" if config.fma else "mma"
+        constexprs = dict(FMA=config.fma, ASM=asm)
+    name = f"decode_{p.a_kind}_{p.b_kind}_{variant}"
     out, _, _ = jt.jax_triton().triton_call(
         b_values, b_scales, x_values, x_scales, a_ts, b_ts,
-        kernel=decode_kernel,
+        kernel=kernel,
         out_shape=(jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
                    jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)),
@@ -334,6 +558,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         compute_capability=compute_capability,
         M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        FMA=config.fma, ATOMIC=config.atomic_split_k, ASM=asm, WIDE=wide,
+        ATOMIC=config.atomic_split_k, WIDE=wide, **constexprs,
     )
     return out.reshape(p.batch, p.m, p.n)

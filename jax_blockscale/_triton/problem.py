@@ -98,6 +98,11 @@ class TileConfig:
     fma: bool = False
     atomic_split_k: bool = False
     asm_decode: bool = True
+    # The decode module's streaming GEMV (decode.gemv_kernel): CUDA-core FMAs over small weight tiles, many
+    # programs per SM, group scales applied after each group's dot product; `prefetch` double-buffers the
+    # raw weight tiles in registers. block_m, block_n, block_k, split_k, num_warps, num_stages apply.
+    gemv: bool = False
+    prefetch: bool = True
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16 (`warp_specialize` above applies to its K loop too).
     fp8_mma: bool = False
