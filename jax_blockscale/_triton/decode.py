@@ -453,12 +453,45 @@ def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 
                       asm_decode=asm)
 
 
+# The best configurations of `benchmarks/decode.py --variants` on an H100 (2026-11-22, N=7168, K=4096,
+# CUPTI kernel time), per weight kind: (GEMV for <= 4 rows, swapped MMA above). M=1: mxfp4 11.3 us, nvfp4
+# 11.4, mxfp8 13.8 (24.5 us XLA bf16); M=16: mxfp4 20.3, nvfp4 17.0, mxfp8 18.5 (24.6); mxfp8 M=64 22.9.
+_SM90_TUNED = {
+    "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False),
+             dict(block_n=32, block_k=512, split_k=1, num_warps=2, num_stages=3, prefetch=True)),
+    NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False),
+            dict(block_n=32, block_k=256, split_k=2, num_warps=2, num_stages=4, prefetch=True, asm_decode=False)),
+    "e4m3": (dict(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=1, prefetch=False),
+             dict(block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=3, prefetch=True)),
+}
+_SM90_TUNED["e5m2"] = _SM90_TUNED["e4m3"]
+
+
+def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
+    """The measured sm_90 configuration for this weight kind, where its tiles fit the problem."""
+    if target != "sm_90" or p.b_kind not in _SM90_TUNED:
+        return None
+    gemv = rows <= _FMA_MAX_ROWS
+    fields = dict(_SM90_TUNED[p.b_kind][0 if gemv else 1])
+    block_m = max(1, triton.next_power_of_2(rows)) if gemv else max(16, triton.next_power_of_2(rows))
+    config = TileConfig(block_m=block_m, group_m=1, gemv=gemv, **fields)
+    try:
+        check_config(p, config)
+    except ValueError:
+        return None
+    return config
+
+
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """Heuristic, to be measured (`benchmarks/decode.py --variants`): the streaming GEMV (CUDA-core FMAs,
-    many small programs per SM) for <= 4 rows; otherwise the swapped MMA with 64 weight rows (one wgmma M
-    side) and the rows padded to >= 16, 128-byte weight rows per K tile, 4 stages, split-K to about two
-    programs per SM, deterministic reduction, PTX fp4 decode on NVIDIA targets."""
+    """On sm_90 the measured configuration of the weight kind (`_SM90_TUNED`) where it fits; otherwise
+    the heuristic: the streaming GEMV (CUDA-core FMAs, many small programs per SM) for <= 4 rows, else
+    the swapped MMA with 64 weight rows (one wgmma M side) and the rows padded to >= 16, 128-byte weight
+    rows per K tile, 4 stages, split-K to about two programs per SM, deterministic reduction, PTX fp4
+    decode on NVIDIA targets."""
     rows = p.batch * p.m
+    tuned = _tuned(p, rows, target)
+    if tuned is not None:
+        return tuned
     if rows <= _FMA_MAX_ROWS:
         return gemv_config(p, asm=target.startswith("sm_"))
     block_n = 64
