@@ -61,8 +61,7 @@ _DECODE_PAIRS = frozenset(
     {("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
 )
 DECODE_MAX_ROWS = 64
-_DECODE_SM90_FP4 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4))
-_DECODE_SM90_FP8 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e4m3", "e5m2"))
+_DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4, "e4m3", "e5m2"))
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
@@ -92,19 +91,17 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     ),
     "sm_90": (
         # Where it measured faster than the swapped kernels below (H100, 2026-11-22, N=7168, K=4096, tuned
-        # configs in decode._SM90_TUNED): fp4 weights up to 16 rows (M=1: 11.3 us vs upcast 24.4; M=16:
-        # 20.3 vs 28.0 mxfp4, 17.0 vs 21.2 nvfp4), mxfp8 weights up to 64 rows (13.8 / 18.5 / 22.9 us vs
-        # 27.2 / 26.7 / 29.6). fp4 at M=64 (34.8 vs 30.2 mxfp4) and block FP8 (13.5 / 21.1 / 38.2 vs
-        # block_fp8's 13.9 / 14.0 / 16.5) stay on the older kernels; fp6 weights are not measured yet.
-        KernelEntry("decode", _DECODE_SM90_FP4, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 wgmma",
+        # configs in decode._SM90_TUNED): fp4 and mxfp8 weights up to 16 rows (M=1: mxfp4 11.3 us vs
+        # upcast 24.4, nvfp4 11.4 vs 20.1, mxfp8 13.0 vs 27.2; M=16: 20.5 vs 28.0, 16.1 vs 21.2, 20.4 vs
+        # 26.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block FP8 (13.5 / 21.1 / 38.2 vs
+        # block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are not measured yet.
+        KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
-        KernelEntry("decode", _DECODE_SM90_FP8, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 wgmma",
-                    max_rows=DECODE_MAX_ROWS),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",
                     max_rows=DECODE_MAX_ROWS,
                     opt_in="slower than the kernels below on an H100 for these pairs (2026-11-22): block FP8 "
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
-                           "16.5), fp4 weights above 16 rows; fp6 weights unmeasured"),
+                           "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured"),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM), warp-specialized: a TMA producer warp group feeding two "
                     "fp8 e4m3 wgmma consumer warp groups, fp32 promotion per 128-K block",

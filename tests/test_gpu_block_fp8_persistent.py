@@ -54,13 +54,9 @@ def test_k_one_block(persistent, capability):
 
 
 CONFIGS = [
-    TileConfig(persistent=True, warp_specialize=True, num_warps=4, num_stages=4),
-    TileConfig(persistent=True, warp_specialize=True, num_warps=4, num_stages=3, a_scales_t=True),
-    TileConfig(persistent=True, warp_specialize=True, num_warps=4, num_stages=4, block_n=64, group_m=16),
     TileConfig(persistent=True, num_warps=8, num_stages=4),
     TileConfig(persistent=True, num_warps=8, num_stages=4, flatten=True),
     TileConfig(persistent=True, num_warps=8, num_stages=4, prefetch_scales=True),
-    TileConfig(persistent=True, warp_specialize=True, num_warps=4, num_stages=4, num_sms=7),  # many tiles each
 ]
 
 
