@@ -13,3 +13,11 @@ def require_jax_triton():
     except ImportError as e:  # pragma: no cover - depends on the install
         pytest.skip(f"jax-triton cannot import here: {e}", allow_module_level=True)
     return jt
+
+
+def lowered_for_cuda(fn, *args):
+    """`jax.jit(fn)` traced on `args` and lowered for cuda (no GPU needed); skips without jax-triton."""
+    import jax
+
+    require_jax_triton()
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))

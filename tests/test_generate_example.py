@@ -9,7 +9,6 @@
   the pre-quantized weights are neither re-quantized nor re-laid out per token.
 """
 
-import importlib.util
 import pathlib
 import re
 import sys
@@ -20,20 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from _examples import load_example
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROJECTIONS = 4  # per layer: qkv, out, gate_up, down
 
 
 @pytest.fixture(scope="module")
 def gen():
-    spec = importlib.util.spec_from_file_location("generate", ROOT / "examples" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from load_example("generate")
 
 
 @pytest.fixture(scope="module")

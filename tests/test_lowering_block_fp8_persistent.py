@@ -26,6 +26,7 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import block_fp8, block_fp8_persistent as bp, jt  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
+from _jax_triton import lowered_for_cuda  # noqa: E402
 
 from test_lowering_hopper_tma import SIG, TMA_LOAD, WGMMA_FP8, _ptxas_spill_bytes  # noqa: E402
 
@@ -149,12 +150,7 @@ def _quantized(m, n, k):
     return a, b
 
 
-def _lowered(fn, *args):
-    try:
-        jt.jax_triton()
-    except ImportError as e:
-        pytest.skip(str(e))
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+_lowered = lowered_for_cuda
 
 
 def test_matmul_lowers_large_block_fp8_to_one_persistent_launch():

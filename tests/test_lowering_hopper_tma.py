@@ -26,6 +26,7 @@ import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import block_fp8, configs, hopper_tma, jt, upcast  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
+from _jax_triton import lowered_for_cuda  # noqa: E402
 
 TMA_LOAD = "cp.async.bulk.tensor"
 WGMMA_FP8 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3")
@@ -93,12 +94,7 @@ def test_tma_bf16_default_for_predecoded_mx_uses_tma_and_bf16_wgmma_without_spil
     assert _ptxas_spill_bytes(ptx) == 0
 
 
-def _lowered(fn, *args):
-    try:
-        jt.jax_triton()
-    except ImportError as e:
-        pytest.skip(str(e))
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+_lowered = lowered_for_cuda
 
 
 def _quantized(m, n, k, fmt_a, fmt_b):

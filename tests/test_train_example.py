@@ -6,11 +6,12 @@ bf16's (relative); the differences seen on CPU are at most 0.3%. Both models mus
 (final loss below half the first).
 """
 
-import importlib.util
 import pathlib
 import sys
 
 import pytest
+
+from _examples import load_example
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARGIN = 0.03
@@ -18,14 +19,7 @@ MARGIN = 0.03
 
 @pytest.fixture(scope="module")
 def train_tiny():
-    spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "examples" / "train_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from load_example("train_tiny")
 
 
 def test_quantized_losses_track_bf16(train_tiny, tmp_path):

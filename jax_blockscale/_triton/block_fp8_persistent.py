@@ -33,7 +33,7 @@ import triton.language as tl
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch
 from .problem import BLOCK_FP8, GemmProblem, TileConfig
-from .tiling import grouped_tile
+from .tiling import grouped_tile, tma_descriptor, tma_load, promote_block
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 
@@ -41,26 +41,6 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 DEFAULT_NUM_SMS = 132
 # TMA: global strides must be multiples of 16 bytes.
 _TMA_ALIGN = 16
-
-
-@triton.jit
-def _descriptor(ptr, BATCHES: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_C: tl.constexpr):
-    if BATCHES == 1:
-        desc = tl.make_tensor_descriptor(ptr, shape=[ROWS, COLS], strides=[COLS, 1], block_shape=[BLOCK_R, BLOCK_C])
-    else:
-        desc = tl.make_tensor_descriptor(ptr, shape=[BATCHES, ROWS, COLS], strides=[ROWS * COLS, COLS, 1],
-                                         block_shape=[1, BLOCK_R, BLOCK_C])
-    return desc
-
-
-@triton.jit
-def _load(desc, batch, row, k, BATCHES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    if BATCHES == 1:
-        tile = desc.load([row, k])
-    else:
-        tile = desc.load([batch, row, k]).reshape(BLOCK_R, BLOCK_K)
-    return tile
 
 
 @triton.jit
@@ -96,15 +76,6 @@ def _scales(a_scale_ptr, b_scale_ptr, batch, b_batch, kb, row_m, row_n, M: tl.co
 
 
 @triton.jit
-def _promote(acc, partial, a_s, b_s, BLOCK_N: tl.constexpr):
-    if 128 % BLOCK_N == 0:
-        acc += partial * (a_s * b_s)[:, None]
-    else:
-        acc += partial * a_s[:, None] * b_s[None, :]
-    return acc
-
-
-@triton.jit
 def _store(acc, alpha, out_ptr, out_desc, batch, row_m, row_n, M: tl.constexpr, N: tl.constexpr,
            BATCHES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr):
     out = (acc * alpha).to(out_ptr.dtype.element_ty)
@@ -137,10 +108,10 @@ def persistent_block_fp8_kernel(
     SCALE_K: tl.constexpr = K // BLOCK_K
     B_BATCHES: tl.constexpr = BATCHES if B_BATCHED else 1
     TILES: tl.constexpr = BATCHES * triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
-    a_desc = _descriptor(a_ptr, BATCHES, M, K, BLOCK_M, BLOCK_K)
-    b_desc = _descriptor(b_ptr, B_BATCHES, N, K, BLOCK_N, BLOCK_K)
+    a_desc = tma_descriptor(a_ptr, BATCHES, M, K, BLOCK_M, BLOCK_K)
+    b_desc = tma_descriptor(b_ptr, B_BATCHES, N, K, BLOCK_N, BLOCK_K)
     if TMA_STORE:
-        out_desc = _descriptor(out_ptr, BATCHES, M, N, BLOCK_M, BLOCK_N)
+        out_desc = tma_descriptor(out_ptr, BATCHES, M, N, BLOCK_M, BLOCK_N)
     else:
         out_desc = None
     alpha = tl.load(alpha_ptr)
@@ -168,10 +139,10 @@ def persistent_block_fp8_kernel(
                 # specialized; specialized, each consumer warp group issues them before waiting for its tiles.
                 a_s, b_s = _scales(a_scale_ptr, b_scale_ptr, batch, b_batch, kb, row_m, row_n, M, N, SCALE_K,
                                    BLOCK_M, BLOCK_N, A_SCALES_T)
-            a = _load(a_desc, batch, row_m, kb * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
-            b = _load(b_desc, b_batch, row_n, kb * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
+            a = tma_load(a_desc, batch, row_m, kb * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
+            b = tma_load(b_desc, b_batch, row_n, kb * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
             partial = tl.dot(a, b.T, out_dtype=tl.float32)
-            acc = _promote(acc, partial, a_s, b_s, BLOCK_N)
+            acc = promote_block(acc, partial, a_s, b_s, BLOCK_N)
             if PREFETCH_SCALES:
                 a_s = a_next
                 b_s = b_next

@@ -36,9 +36,8 @@ import triton.language as tl
 from . import launch as _launch
 from .block_fp8 import OUT_DTYPES, check_operands, fold_batch
 from .decode import _FP4_PTX, e8m0_to_bf16
-from .hopper_tma import _descriptor, _load
 from .problem import MX_KINDS, NVFP4, GemmProblem, TileConfig
-from .tiling import grouped_tile, store_alpha_tile
+from .tiling import grouped_tile, store_alpha_tile, tma_descriptor, tma_load
 from .upcast import codes_to_f32, e8m0_to_f32, scales_to_f32
 
 _SCALED_KINDS = MX_KINDS + (NVFP4,)
@@ -125,8 +124,8 @@ def mx_gemm_kernel(
     A_GROUP: tl.constexpr = 16 if A_KIND == "nvfp4" else 32
     B_GROUP: tl.constexpr = 16 if B_KIND == "nvfp4" else 32
     B_BATCHES: tl.constexpr = BATCHES if B_BATCHED else 1
-    a_desc = _descriptor(a_ptr, BATCHES, M, K // A_EPB, BLOCK_M, BLOCK_K // A_EPB)
-    b_desc = _descriptor(b_ptr, B_BATCHES, N, K // B_EPB, BLOCK_N, BLOCK_K // B_EPB)
+    a_desc = tma_descriptor(a_ptr, BATCHES, M, K // A_EPB, BLOCK_M, BLOCK_K // A_EPB)
+    b_desc = tma_descriptor(b_ptr, B_BATCHES, N, K // B_EPB, BLOCK_N, BLOCK_K // B_EPB)
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1)
     b_batch = batch if B_BATCHED else 0
@@ -143,8 +142,8 @@ def mx_gemm_kernel(
     SPLIT_PAIRS: tl.constexpr = ASM and (A_EPB == 2 or B_EPB == 2)
     for kt in tl.range(0, K_TILES, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
         k0 = kt * BLOCK_K
-        a = _load(a_desc, batch, row_m, k0 // A_EPB, BATCHES, BLOCK_M, BLOCK_K // A_EPB)
-        b = _load(b_desc, b_batch, row_n, k0 // B_EPB, B_BATCHES, BLOCK_N, BLOCK_K // B_EPB)
+        a = tma_load(a_desc, batch, row_m, k0 // A_EPB, BATCHES, BLOCK_M, BLOCK_K // A_EPB)
+        b = tma_load(b_desc, b_batch, row_n, k0 // B_EPB, B_BATCHES, BLOCK_N, BLOCK_K // B_EPB)
         if FP8_MMA:
             # One MX block per step: the partial's scales are one per row of a and one per row of b.
             sa = e8m0_to_f32(tl.load(a_scales + rows_a * (K // 32) + kt))

@@ -25,30 +25,8 @@ import triton.language as tl
 from . import launch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, fold_batch
 from .problem import GemmProblem, TileConfig
-from .tiling import grouped_tile, store_alpha_tile
+from .tiling import grouped_tile, store_alpha_tile, tma_descriptor, tma_load, promote_block
 
-
-
-@triton.jit
-def _descriptor(ptr, BATCHES: tl.constexpr, ROWS: tl.constexpr, K: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """A TMA descriptor over (rows, K) tiles; 3D when batched, so that a tile never reads the next batch's
-    rows (the TMA unit zero-fills past each dimension's end)."""
-    if BATCHES == 1:
-        desc = tl.make_tensor_descriptor(ptr, shape=[ROWS, K], strides=[K, 1], block_shape=[BLOCK_R, BLOCK_K])
-    else:
-        desc = tl.make_tensor_descriptor(ptr, shape=[BATCHES, ROWS, K], strides=[ROWS * K, K, 1],
-                                         block_shape=[1, BLOCK_R, BLOCK_K])
-    return desc
-
-
-@triton.jit
-def _load(desc, batch, row, k, BATCHES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    if BATCHES == 1:
-        tile = desc.load([row, k])
-    else:
-        tile = desc.load([batch, row, k]).reshape(BLOCK_R, BLOCK_K)
-    return tile
 
 
 @triton.jit
@@ -64,15 +42,6 @@ def _scales(a_scale_ptr, b_scale_ptr, kb, offs_m, row_n, offs_n, M: tl.constexpr
 
 
 @triton.jit
-def _promote(acc, partial, a_s, b_s, BLOCK_N: tl.constexpr):
-    if 128 % BLOCK_N == 0:
-        acc += partial * (a_s * b_s)[:, None]
-    else:
-        acc += partial * a_s[:, None] * b_s[None, :]
-    return acc
-
-
-@triton.jit
 def tma_gemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BATCHES: tl.constexpr, B_BATCHED: tl.constexpr,
@@ -85,8 +54,8 @@ def tma_gemm_kernel(
     BLOCK_K == 128. Otherwise the scale pointers are unused dummies and the dot accumulates in place.
     """
     B_BATCHES: tl.constexpr = BATCHES if B_BATCHED else 1
-    a_desc = _descriptor(a_ptr, BATCHES, M, K, BLOCK_M, BLOCK_K)
-    b_desc = _descriptor(b_ptr, B_BATCHES, N, K, BLOCK_N, BLOCK_K)
+    a_desc = tma_descriptor(a_ptr, BATCHES, M, K, BLOCK_M, BLOCK_K)
+    b_desc = tma_descriptor(b_ptr, B_BATCHES, N, K, BLOCK_N, BLOCK_K)
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1)
     b_batch = batch if B_BATCHED else 0
@@ -107,16 +76,16 @@ def tma_gemm_kernel(
         for kt in tl.range(0, K_TILES, num_stages=NUM_STAGES):
             a_next, b_next = _scales(a_scales, b_scales, tl.minimum(kt + 1, K_TILES - 1), offs_m, row_n, offs_n,
                                      M, SCALE_K, BLOCK_N)
-            a = _load(a_desc, batch, row_m, kt * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
-            b = _load(b_desc, b_batch, row_n, kt * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
+            a = tma_load(a_desc, batch, row_m, kt * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
+            b = tma_load(b_desc, b_batch, row_n, kt * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
             partial = tl.dot(a, tl.trans(b), out_dtype=tl.float32)
-            acc = _promote(acc, partial, a_s, b_s, BLOCK_N)
+            acc = promote_block(acc, partial, a_s, b_s, BLOCK_N)
             a_s = a_next
             b_s = b_next
     else:
         for kt in tl.range(0, K_TILES, num_stages=NUM_STAGES):
-            a = _load(a_desc, batch, row_m, kt * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
-            b = _load(b_desc, b_batch, row_n, kt * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
+            a = tma_load(a_desc, batch, row_m, kt * BLOCK_K, BATCHES, BLOCK_M, BLOCK_K)
+            b = tma_load(b_desc, b_batch, row_n, kt * BLOCK_K, B_BATCHES, BLOCK_N, BLOCK_K)
             acc = tl.dot(a, tl.trans(b), acc)
 
     store_alpha_tile(acc, alpha_ptr, out_ptr + batch.to(tl.int64) * (M * N), pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)

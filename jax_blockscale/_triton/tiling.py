@@ -1,4 +1,4 @@
-"""Triton helpers every GEMM kernel here shares: launch order, split-K ranges and the plain epilogue."""
+"""Triton helpers the GEMM kernels here share: launch order, split-K ranges, the plain epilogue and TMA tiles."""
 
 import triton
 import triton.language as tl
@@ -44,3 +44,38 @@ def store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M: tl.constexpr, N:
     out_ptrs = out_base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tma_descriptor(ptr, BATCHES: tl.constexpr, ROWS: tl.constexpr, K: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """A TMA descriptor over (BLOCK_R, BLOCK_K) tiles of a row-major (BATCHES, ROWS, K) array; 3D when
+    batched, so that a tile never reads the next batch's rows (the TMA unit zero-fills past each
+    dimension's end). Built in the kernel: it needs global scratch (`launch.scratch_call`)."""
+    if BATCHES == 1:
+        desc = tl.make_tensor_descriptor(ptr, shape=[ROWS, K], strides=[K, 1], block_shape=[BLOCK_R, BLOCK_K])
+    else:
+        desc = tl.make_tensor_descriptor(ptr, shape=[BATCHES, ROWS, K], strides=[ROWS * K, K, 1],
+                                         block_shape=[1, BLOCK_R, BLOCK_K])
+    return desc
+
+
+@triton.jit
+def tma_load(desc, batch, row, k, BATCHES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (BLOCK_R, BLOCK_K) tile at (batch, row, k) of a `tma_descriptor`."""
+    if BATCHES == 1:
+        tile = desc.load([row, k])
+    else:
+        tile = desc.load([batch, row, k]).reshape(BLOCK_R, BLOCK_K)
+    return tile
+
+
+@triton.jit
+def promote_block(acc, partial, a_s, b_s, BLOCK_N: tl.constexpr):
+    """Block FP8 promotion of one 128-K block: acc += partial * a_scale[m] * b_scale[n] in fp32 (b's scale
+    is one scalar when the tile lies inside one 128-row weight block)."""
+    if 128 % BLOCK_N == 0:
+        acc += partial * (a_s * b_s)[:, None]
+    else:
+        acc += partial * a_s[:, None] * b_s[None, :]
+    return acc
