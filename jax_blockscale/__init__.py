@@ -16,11 +16,11 @@ __all__ = [
     "reference",
 ]
 
-from .api import explain, explain_all, matmul, quantize_operand
+from .api import explain, explain_all, matmul, quantize_operand, quantizer
 from .backends import detect_target
 from .quantize_primitive import quantize_with_transpose
 
-__all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand", "quantize_with_transpose"]
+__all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand", "quantize_with_transpose", "quantizer"]
 
 from .dot_general import BlockScaledDotGeneral, dot_general
 from .recipes import RECIPE_NAMES, RECIPES, Recipe, get_recipe, quantize_weight, quantized_dense, recipe_matmul

@@ -16,7 +16,7 @@ from ._triton.problem import DTYPE_NAMES, TileConfig
 from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_for_side
 from .quantize import DEFAULT_ROUNDING, ROUNDING_MODES, BlockScaledArray, quantize
 
-__all__ = ["matmul", "explain", "explain_all", "operand_kind", "quantize_operand"]
+__all__ = ["matmul", "explain", "explain_all", "operand_kind", "quantize_operand", "quantizer"]
 
 Operand = Union[BlockScaledArray, jax.Array]
 _DENSE_NAMES = {"bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16, "fp16": jnp.float16, "float16": jnp.float16,
@@ -265,7 +265,33 @@ def explain_all(target: Optional[str] = None) -> str:
     for a, b in _EXPLAIN_PAIRS:
         c = _explain(a, b, target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
-    decode = explain("bf16", "mxfp4", target=target, rows=backends.DECODE_MAX_ROWS)
-    lines.append(f"  decode, <= {backends.DECODE_MAX_ROWS} rows x one weight (explain(..., rows=M)): "
-                 f"{decode.kernel or decode.path}")
+    for rows in (1, 16, backends.DECODE_MAX_ROWS):
+        picks = ", ".join(f"{b}: {explain(a, b, target=target, rows=rows).kernel or 'reference'}"
+                          for a, b in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp8", "mxfp8"),
+                                       ("fp8_block", "fp8_block")))
+        lines.append(f"  {rows:>2} rows x one weight (explain(..., rows=M)): {picks}")
+    lines.append("quantization (jb.quantize along the last axis, jb.quantize_with_transpose, the recipes):")
+    by_quantizer: dict[str, list[str]] = {}
+    for name, block in (("mxfp8", None), ("mxfp6_e2m3", None), ("mxfp4", None), ("nvfp4", None),
+                        ("fp8_block", (1, 128)), ("fp8_block", (128, 128))):
+        label = name if block is None else f"{name} {block[0]}x{block[1]}"
+        by_quantizer.setdefault(quantizer(name, target=target, block=block), []).append(label)
+    for how, labels in by_quantizer.items():
+        lines.append(f"  {', '.join(labels)}: {how}")
     return "\n".join(lines)
+
+
+def quantizer(fmt: FormatLike, target: Optional[str] = None, *, block: Optional[tuple[int, int]] = None) -> str:
+    """Which quantizer `jb.quantize` (last axis) / `quantize_with_transpose` run for `fmt` on `target`
+    (default: this machine): the one-pass kernel or the jnp quantizer, and why."""
+    from . import quantize_primitive
+    from .formats import get_format
+
+    target = validation.check_target(target) or backends.detect_target()
+    why_not = quantize_primitive.kernel_path(get_format(fmt, block=block))
+    if target == "cpu" or not (target.startswith("sm_") or target.startswith("gfx")):
+        return "jnp quantizer (XLA): no GPU kernel on this target"
+    if why_not is not None:
+        return f"jnp quantizer (XLA): {why_not}"
+    return ("one-pass kernel (_triton/quantize_kernels.py, bit-identical to the jnp quantizer); the jnp "
+            "quantizer in programs partitioned over several devices")

@@ -170,3 +170,13 @@ def test_explain_names_each_path():
     assert fp32_dense.path == "reference"  # never a silent downcast of float32 activations
     table = jb.explain_all("sm_90")
     assert "fp8_block" in table and "upcast" in table and "native" in table
+
+
+def test_explain_all_says_which_quantizer_runs():
+    gpu = jb.explain_all("sm_90")
+    assert "quantization" in gpu and "one-pass kernel" in gpu
+    assert " 1 rows x one weight" in gpu and "bf16: " not in gpu
+    assert jb.quantizer("fp8_block", "sm_90", block=(3, 128)).startswith("jnp quantizer (XLA): fp8_block tile")
+    assert jb.quantizer("mxfp8", "gfx950").startswith("one-pass kernel")
+    assert jb.quantizer("nvfp4", "cpu").startswith("jnp quantizer")
+    assert "one-pass kernel" not in jb.explain_all("cpu")
