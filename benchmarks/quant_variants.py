@@ -21,6 +21,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import itertools  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
@@ -32,7 +33,6 @@ import numpy as np  # noqa: E402
 
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale import quantize_primitive as qp  # noqa: E402
-from jax_blockscale._triton import jt  # noqa: E402
 from jax_blockscale._triton import quantize_kernels as qk  # noqa: E402
 from jax_blockscale.formats import get_format  # noqa: E402
 
@@ -59,16 +59,12 @@ def _nbytes(shapes) -> int:
 
 
 def _launcher(shape, row, col, variant):
+    """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
     mode, tile, warps = variant
-    p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), col_mode=mode, tile=tile, num_warps=warps)
-
-    def run(x, ts):
-        return jt.call(qk.quantize_kernel, x[None], ts,
-                       out_shape=[jax.ShapeDtypeStruct(s, d) for s, d in p.out_shapes], grid=p.grid,
-                       num_warps=p.num_warps, num_stages=1, compute_capability=90, name="jbs_quantize",
-                       **p.constexprs)
-
-    return jax.jit(run), p
+    overrides = dict(col_mode=mode, tile=tile, num_warps=warps)
+    p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
+    run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90, **overrides)
+    return jax.jit(lambda x, ts: run(x[None], ts)), p
 
 
 def variants(row, col, modes, tiles, warps):

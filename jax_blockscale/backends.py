@@ -65,14 +65,11 @@ _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", N
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
-# The persistent warp-specialized block FP8 kernel (_triton/block_fp8_persistent.py) from these sizes
-# (activation rows, N, K): below them a problem has about as few 128 x 128 tiles as the H100 has SMs, so a
-# persistent loop has nothing to overlap, and the one-program-per-tile kernel's tuned small-M paths (TMA
-# 64-row tiles, swapped decode) apply. To be confirmed by benchmarks/block_fp8_variants.py on the device.
+# The persistent block FP8 kernel (_triton/block_fp8_persistent.py) from these sizes (activation rows, N,
+# K): below them a problem has about as few 128 x 128 tiles as the H100 has SMs, so a persistent loop has
+# nothing to overlap, and the one-program-per-tile kernel's tuned small-M paths (TMA 64-row tiles, swapped
+# decode) apply. Measured only above them (benchmarks/block_fp8_variants.py: M, N, K >= 2048).
 PERSISTENT_BLOCK_FP8_MIN = (1024, 1024, 1024)
-# The switch: False sends every sm_90 block FP8 problem to the one-program-per-tile kernel (block_fp8),
-# as before the persistent kernel existed. Read when a matmul is traced (jit caches keep their choice).
-USE_PERSISTENT_BLOCK_FP8 = True
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
 # fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
@@ -184,8 +181,6 @@ def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: O
     if entry.min_rows is not None and rows is not None and rows < entry.min_rows:
         return False
     if entry.min_size is not None:
-        if entry.module == "block_fp8_persistent" and not USE_PERSISTENT_BLOCK_FP8:
-            return False
         if None in (rows, n, k) or any(v < lo for v, lo in zip((rows, n, k), entry.min_size)):
             return False
     return True

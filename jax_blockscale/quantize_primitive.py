@@ -48,11 +48,12 @@ def _sides(row, col):
     return Side(*row), Side(*col)
 
 
-def _plan(x_shape, row, col):
+def _plan(x_shape, row, col, **overrides):
+    """The kernel's launch plan; `overrides` (col_mode, tile, num_warps) for benchmarks/quant_variants.py."""
     from ._triton.quantize_kernels import plan
 
     b = int(np.prod(x_shape[:-2], dtype=np.int64))
-    return plan(b, x_shape[-2], x_shape[-1], *_sides(row, col))
+    return plan(b, x_shape[-2], x_shape[-1], *_sides(row, col), **overrides)
 
 
 def _abstract_eval(x, ts, *, row, col):
@@ -118,11 +119,11 @@ def _gpu_lowering(ctx, x, ts, *, row, col):
                               multiple_results=True)(ctx, x, ts)
 
 
-def _launch(x, ts, *, row, col, compute_capability):
+def _launch(x, ts, *, row, col, compute_capability, **overrides):
     from ._triton import jt
     from ._triton.quantize_kernels import quantize_kernel
 
-    p = _plan(x.shape, row, col)
+    p = _plan(x.shape, row, col, **overrides)
     x3 = x.reshape((-1,) + x.shape[-2:])
     outs = jt.call(
         quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),

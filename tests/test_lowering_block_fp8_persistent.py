@@ -5,7 +5,7 @@ fp8 e4m3 wgmma; warp specialization really happens (a producer warp group that g
 consumer warp groups that take them: `setmaxnreg`, 3 warp groups from a 4-warp kernel) and the default tile
 does not spill; the switches (flatten, prefetch, transposed scales, pointer store) compile; sm_90 dispatch
 picks it from the stated sizes, and the lead's switches (a config without `persistent`,
-`backends.USE_PERSISTENT_BLOCK_FP8`) send problems back to the old kernel; `jb.matmul` lowers to one launch
+the entry made opt-in) send problems back to the old kernel; `jb.matmul` lowers to one launch
 of NUM_SMS programs with their global scratch.
 """
 
@@ -26,6 +26,7 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import block_fp8, block_fp8_persistent as bp, jt  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
+from _dispatch import set_opt_in  # noqa: E402
 from _jax_triton import lowered_for_cuda  # noqa: E402
 
 from test_lowering_hopper_tma import SIG, TMA_LOAD, WGMMA_FP8, _ptxas_spill_bytes  # noqa: E402
@@ -139,8 +140,10 @@ def test_dispatch_thresholds_and_switch(monkeypatch):
         assert backends.choose("sm_90", "block_fp8", "block_fp8", **dict(big, **{field: None})).kernel == "block_fp8"
     for target in ("sm_100", "gfx950"):  # Blackwell and MI355 keep the generic kernel
         assert backends.choose(target, "block_fp8", "block_fp8", **big).kernel == "block_fp8"
-    monkeypatch.setattr(backends, "USE_PERSISTENT_BLOCK_FP8", False)
+    set_opt_in(monkeypatch, "sm_90", "block_fp8_persistent", "off for this test")  # the switch: opt-in
     assert backends.choose("sm_90", "block_fp8", "block_fp8", **big).kernel == "block_fp8"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", kernel="block_fp8_persistent", **big).kernel \
+        == "block_fp8_persistent"
 
 
 def _quantized(m, n, k):

@@ -56,6 +56,7 @@ import triton.language as tl
 from . import jt
 from .block_fp8 import OUT_DTYPES, check_operands
 from .problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
+from .tiling import k_tile_range
 from .upcast import load_operand, load_scales, minifloat_to_f32, scales_to_f32
 
 # Weight kinds x the activation kinds that pair with them (fp16 activations take the reference, as in
@@ -232,9 +233,7 @@ def decode_kernel(
         rows_w = rows_w.to(tl.int64)
 
     K_TILES: tl.constexpr = K // BLOCK_K
-    PER_SPLIT: tl.constexpr = triton.cdiv(K_TILES, SPLIT_K)
-    k_begin = pid_k * PER_SPLIT
-    k_end = tl.minimum(k_begin + PER_SPLIT, K_TILES)
+    k_begin, k_end = k_tile_range(K_TILES, SPLIT_K, 1)  # split-K on grid axis 1
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in range(k_begin, k_end):
@@ -376,9 +375,7 @@ def gemv_kernel(
 
     GROUP: tl.constexpr = 16 if W_KIND == "nvfp4" else (128 if W_KIND == "block_fp8" else 32)
     K_TILES: tl.constexpr = K // BLOCK_K
-    PER_SPLIT: tl.constexpr = triton.cdiv(K_TILES, SPLIT_K)
-    k_begin = pid_k * PER_SPLIT
-    k_end = tl.minimum(k_begin + PER_SPLIT, K_TILES)
+    k_begin, k_end = k_tile_range(K_TILES, SPLIT_K, 1)  # split-K on grid axis 1
 
     if M == 1:
         acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)

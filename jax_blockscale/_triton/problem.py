@@ -104,7 +104,7 @@ class TileConfig:
     gemv: bool = False
     prefetch: bool = True
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
-    # (mxfp8 x mxfp8 only) instead of decoding to bf16 (`warp_specialize` above applies to its K loop too).
+    # (mxfp8 x mxfp8 only) instead of decoding to bf16.
     fp8_mma: bool = False
     # Forces the dispatch table's entry of this kernel module (e.g. "upcast" for the XLA-predecode path on
     # sm_90) instead of the first that holds the pair, for comparisons; the fields above apply to it as given.

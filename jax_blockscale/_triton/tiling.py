@@ -21,14 +21,14 @@ def grouped_tile(pid, M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def k_tile_range(K_TILES: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The [begin, end) K tiles of this program: all of them, or its share under split-K (grid axis 2)."""
+def k_tile_range(K_TILES: tl.constexpr, SPLIT_K: tl.constexpr, AXIS: tl.constexpr = 2):
+    """The [begin, end) K tiles of this program: all of them, or its share under split-K (grid axis AXIS)."""
     if SPLIT_K == 1:
         begin = 0
         end = K_TILES
     else:
         per_split: tl.constexpr = triton.cdiv(K_TILES, SPLIT_K)
-        begin = tl.program_id(2) * per_split
+        begin = tl.program_id(AXIS) * per_split
         end = tl.minimum(begin + per_split, K_TILES)
     return begin, end
 
