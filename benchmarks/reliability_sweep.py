@@ -1,7 +1,8 @@
 """Reliability sweep: many seeded random matmuls through `jb.matmul`, each against the jnp reference and
 each run twice (bitwise equal).
 
-    python -m benchmarks.reliability_sweep              # >= 500 cases, every pair and kernel variant (GPU)
+    python -m benchmarks.reliability_sweep --jobs 4     # >= 500 cases, every pair and kernel variant (GPU),
+                                                        # 4 processes compiling in parallel on one GPU
     python -m benchmarks.reliability_sweep --quick      # a representative subset, ~200 cases
     python -m benchmarks.reliability_sweep --tiny       # CPU: jb.matmul is the reference there, so this
                                                         # checks only the harness (tests/test_reliability_sweep.py)
@@ -12,8 +13,10 @@ the reference); its cases differ only in data (seeded: distribution, magnitude).
 format pair `jb.matmul` accepts on this target (`jb.explain` rejects exactly what it rejects), every output
 dtype, M = 1 / odd N and K / batch dims, and every kernel variant the dispatch can choose, forced through
 `config=` where `jb.explain` would not pick it for that shape: block FP8 pointer / split-K / swapped
-(decode) / TMA, upcast pointer / split-K / swapped / predecoded-TMA, decode swapped MMA / CUDA-core FMA /
-split-K / fp32 decode. The decode kernel's fp32-atomic split-K is left out: it is documented as not
+(decode) / TMA / persistent (with and without its scale prefetch, flattened loops), upcast pointer /
+split-K / swapped / predecoded-TMA, decode swapped MMA / CUDA-core FMA / split-K / fp32 decode, the
+streaming GEMV for every weight format (prefetch, split-K, fp32 decode) and the opt-in one-kernel Hopper
+MX GEMM (bf16 and fp8 wgmma). The decode kernel's fp32-atomic split-K is left out: it is documented as not
 bitwise deterministic and dispatch never picks it.
 
 Tolerances are tests/test_gpu_matmul.py's: a relative Frobenius error of 2 * eps(out) + 1e-5 for 16-bit
@@ -29,6 +32,7 @@ import csv
 import dataclasses
 import datetime
 import functools
+import json
 import pathlib
 import sys
 import time
@@ -48,6 +52,7 @@ DENSE = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 QUANTIZED = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "nvfp4", "fp8_block")
 FORMATS = (*DENSE, *QUANTIZED)
 OUT_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+OUT_DTYPES_ORDER = tuple(OUT_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +116,16 @@ def _decode_configs(rows: int, fb: str) -> dict[str, TileConfig]:
     return out
 
 
+def _gemv_configs(rows: int, fb: str) -> dict[str, TileConfig]:
+    """The streaming GEMV (decode.gemv_kernel, dispatch's pick for <= 4 rows of fp4 / mxfp8 weights on
+    sm_90): the tuned tile, register prefetch on / off, split-K and the fp32 (non-PTX) fp4 decode."""
+    block_k = 512 if fb in ("mxfp4", "nvfp4") else 256
+    base = TileConfig(block_m=max(1, 1 << (rows - 1).bit_length()), block_n=8, block_k=block_k, group_m=1,
+                      num_warps=4, num_stages=3, gemv=True, prefetch=False, kernel="decode")
+    return {"gemv": base, "gemv_prefetch_split2": base.replace(prefetch=True, split_k=2, block_n=16),
+            "gemv_fp32_decode": base.replace(asm_decode=False)}
+
+
 BLOCK_FP8_VARIANTS = {
     "pointer_128x128": TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
     "pointer_bk64": TileConfig(block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=4),
@@ -121,6 +136,16 @@ BLOCK_FP8_VARIANTS = {
                                    split_k=2, swap_ab=True),
     "tma_64x128": TileConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4, tma=True),
     "tma_64x256": TileConfig(block_m=64, block_n=256, block_k=128, num_warps=8, num_stages=3, tma=True),
+}
+# The persistent block FP8 kernel (dispatch's pick from 1024 rows, N and K) forced onto odd, batched and
+# small shapes, with and without its scale prefetch (the tile and K loops flattened).
+PERSISTENT_VARIANTS = {
+    "persistent_prefetch": TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
+                                      persistent=True, prefetch_scales=True, kernel="block_fp8_persistent"),
+    "persistent_flat": TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
+                                  persistent=True, flatten=True, kernel="block_fp8_persistent"),
+    "persistent_64x128": TileConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3,
+                                    persistent=True, num_sms=7, kernel="block_fp8_persistent"),
 }
 UPCAST_VARIANTS = {
     "pointer_bn256_bk32": TileConfig(block_m=64, block_n=256, block_k=32, num_warps=8, num_stages=4),
@@ -168,6 +193,29 @@ def build_groups(target: str, *, quick: bool, tiny: bool, seed: int) -> list[Gro
     for rows, fa, fb in ((1, "bf16", "mxfp4"), (16, "mxfp8_e4m3", "mxfp4"))[: 1 if quick else 2]:
         for name, cfg in _decode_configs(rows, fb).items():
             groups.append(Group(fa, fb, Shape((), rows, 520, 2048), "bf16", name, cfg))
+    # The GEMV for every weight format (quantized activations where the pair has them), M = 1 and 3.
+    gemv_pairs = (("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("bf16", "mxfp6_e2m3"),
+                  ("mxfp6_e3m2", "mxfp6_e3m2"), ("fp8_block", "fp8_block"), ("bf16", "fp8_block"))
+    for j, (fa, fb) in enumerate(gemv_pairs[: 3 if quick else None]):
+        rows = 1 + 2 * (j % 2)
+        variants = _gemv_configs(rows, fb)
+        for name, cfg in (variants.items() if j < 3 else list(variants.items())[:1]):
+            groups.append(Group(fa, fb, Shape((), rows, 264, 1024), OUT_DTYPES_ORDER[(j + len(name)) % 3], name, cfg))
+    # The persistent block FP8 kernel: dispatch's pick at an odd large shape, and forced variants.
+    groups.append(Group("fp8_block", "fp8_block", Shape((), 1100, 1040, 1152), "bf16"))
+    persistent_shapes = (Shape((2,), 300, 520, 768), Shape((), 129, 1100, 384), Shape((), 1, 260, 256))
+    for j, (name, cfg) in enumerate(PERSISTENT_VARIANTS.items()):
+        groups.append(Group("fp8_block", "fp8_block", persistent_shapes[j % 3], ("fp32", "bf16")[j % 2], name, cfg))
+    # The opt-in one-kernel Hopper MX GEMM (TileConfig(kernel="hopper_mx")), one group per operand family.
+    if target == "sm_90" and not quick:
+        hopper_mx = TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True,
+                               kernel="hopper_mx")  # its default_config; fp6 takes 32-wide K steps
+        for fa, fb in (("mxfp8_e4m3", "mxfp4"), ("nvfp4", "nvfp4"), ("bf16", "mxfp6_e2m3"),
+                       ("mxfp8_e4m3", "mxfp8_e4m3")):
+            cfg = hopper_mx.replace(block_k=32) if "mxfp6" in fa + fb else hopper_mx
+            name = "hopper_mx_fp8_mma" if fa == fb == "mxfp8_e4m3" else "hopper_mx"
+            cfg = cfg.replace(fp8_mma=True, block_k=32) if name.endswith("fp8_mma") else cfg  # one MX block
+            groups.append(Group(fa, fb, Shape((), 300, 520, 768), "bf16", name, cfg))
     return groups
 
 
@@ -212,7 +260,9 @@ def operands(g: Group, seed: int):
 def family(g: Group, a, b, target: str) -> str:
     """The kernel that runs (the dispatch with this problem's activation rows), or "reference"."""
     rows = None if g.shape.b_batched else int(np.prod(g.shape.batch, dtype=np.int64)) * g.shape.m
-    choice = backends.choose(target, operand_kind(a, "a"), operand_kind(b, "b"), rows=rows)
+    n, k = (None, None) if g.shape.b_batched else (g.shape.n, g.shape.k)
+    choice = backends.choose(target, operand_kind(a, "a"), operand_kind(b, "b"), rows=rows, n=n, k=k,
+                             kernel=g.config.kernel if g.config is not None else None)
     return choice.kernel or "reference"
 
 
@@ -232,8 +282,8 @@ def default_variant(g: Group, a, b, fam: str, target: str, device_kind: Optional
                     operand_kind(b, "b"), g.out)
     launcher = importlib.import_module(f"jax_blockscale._triton.{fam}")
     cfg = configs.select(fam, launcher, p, target, device_kind)
-    name = "tma" if cfg.tma else "swapped" if cfg.swap_ab else "fma" if cfg.fma else \
-        "mma" if fam == "decode" else "pointer"
+    name = "persistent" if cfg.persistent else "gemv" if cfg.gemv else "tma" if cfg.tma else \
+        "swapped" if cfg.swap_ab else "fma" if cfg.fma else "mma" if fam == "decode" else "pointer"
     if fam == "upcast" and any(launcher.predecoded_sides(p, cfg)):
         name += "_predecoded"
     return f"default:{name}" + (f"_split{cfg.split_k}" if cfg.split_k > 1 else "")
@@ -251,9 +301,12 @@ def run(args) -> int:
     per_group = collections.Counter(i % len(groups) for i in range(n_cases))
     print(f"target {target}, {len(groups)} groups (one compilation each, plus its reference), {n_cases} cases")
 
+    shard, shards = (int(v) for v in args.shard.split("/")) if args.shard else (0, 1)
     rows, compile_s, run_s = [], 0.0, 0.0
     cpu = jax.devices("cpu")[0] if args.tiny else None
     for gi, g in enumerate(groups):
+        if gi % shards != shard:
+            continue
         mm = jax.jit(functools.partial(jb.matmul, out_dtype=OUT_DTYPES[g.out], config=g.config,
                                        target="cpu" if args.tiny else None))
         ref_fn = jax.jit(functools.partial(jb.reference.matmul, out_dtype=jnp.float32))
@@ -289,7 +342,38 @@ def run(args) -> int:
             last = rows[-1]
             print(f"  [{gi + 1}/{len(groups)}] {last['family']:<10} {last['variant']:<26} {g.fa} x {g.fb} "
                   f"{g.shape.label()} {g.out}: err {last['rel_err']:.2e}")
+    if args.shard:  # one of --jobs' processes: its rows go back to the parent, which reports
+        out = pathlib.Path(args.out_dir) / f"shard_{shard}.json"
+        out.write_text(json.dumps(dict(rows=rows, compile_s=compile_s, run_s=run_s, device=device)))
+        return 0
     return report(rows, groups, device, args, compile_s, run_s)
+
+
+def run_jobs(args) -> int:
+    """--jobs N: N processes of this script, each on every N-th group (compilation, mostly host time, runs
+    in parallel; the GPU is shared), then one report over all their cases."""
+    import os
+    import subprocess
+    import tempfile
+
+    groups = build_groups("cpu" if args.tiny else jb.detect_target(), quick=args.quick, tiny=args.tiny,
+                          seed=args.seed)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # N processes on one GPU
+    common = ["--seed", str(args.seed)] + (["--cases", str(args.cases)] if args.cases is not None else [])
+    common += [flag for flag, on in (("--quick", args.quick), ("--tiny", args.tiny), ("-v", args.verbose)) if on]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.reliability_sweep", *common,
+                                   "--shard", f"{i}/{args.jobs}", "--out-dir", tmp], env=env)
+                 for i in range(args.jobs)]
+        codes = [proc.wait() for proc in procs]
+        if any(codes):
+            print(f"a shard process failed: exit codes {codes}", file=sys.stderr)
+            return 1
+        parts = [json.loads((pathlib.Path(tmp) / f"shard_{i}.json").read_text()) for i in range(args.jobs)]
+    rows = sorted((r for part in parts for r in part["rows"]), key=lambda r: (r["group"], r["case"]))
+    # Compile and run seconds are summed over the processes (host seconds, not wall time).
+    return report(rows, groups, parts[0]["device"], args, sum(p["compile_s"] for p in parts),
+                  sum(p["run_s"] for p in parts))
 
 
 class _null:
@@ -365,7 +449,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(RESULTS))
     ap.add_argument("-v", "--verbose", action="store_true")
-    return run(ap.parse_args(argv))
+    ap.add_argument("--jobs", type=int, default=1, help="processes sharing the GPU, each on every N-th group")
+    ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # "I/N": set by --jobs
+    args = ap.parse_args(argv)
+    if args.jobs > 1 and not args.shard:
+        return run_jobs(args)
+    return run(args)
 
 
 if __name__ == "__main__":

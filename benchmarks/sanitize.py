@@ -4,13 +4,14 @@
     compute-sanitizer --tool racecheck  --error-exitcode 1 python -m benchmarks.sanitize --small
     compute-sanitizer --tool initcheck  --error-exitcode 1 python -m benchmarks.sanitize --small
 
-Families: block FP8 (pointer, split-K, swapped decode order, TMA), the upcast kernel (pointer, split-K,
-swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K
-reduced in the kernel), the quantization kernel (row-wise and with the transposed side, MX, nvfp4, block
+Families: block FP8 (pointer, split-K, swapped decode order, TMA), the persistent block FP8 kernel
+(dispatch's pick and a batched problem looping over tiles), the upcast kernel (pointer, split-K, swapped,
+predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
+the kernel, the streaming GEMV), the opt-in Hopper MX GEMM, the quantization kernel (row-wise and with the transposed side, MX, nvfp4, block
 FP8 1x128 and 128x128) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
 none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
 dims. Each result is also compared with the jnp reference (a stray read that changes numbers fails
-here), bits for quantization. One launch per family and variant (about 25 kernels); `--small` also cuts K
+here), bits for quantization. One launch per family and variant (about 30 kernels); `--small` also cuts K
 to <= 1056 and the quantized tensor to 129 x 200: racecheck instruments every shared-memory access and
 runs orders of magnitude slower.
 `--only block_fp8,decode` picks families. Exit status 1 on any mismatch.
@@ -28,7 +29,7 @@ import numpy as np
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
 
-FAMILIES = ("block_fp8", "upcast", "decode", "quantize", "dot_scaled")
+FAMILIES = ("block_fp8", "block_fp8_persistent", "upcast", "decode", "hopper_mx", "quantize", "dot_scaled")
 _RNG = np.random.default_rng(0)
 
 
@@ -60,9 +61,27 @@ def _matmul_cases(small: bool):
         ("decode", "fma_split3", "mxfp8", "mxfp8", (3, 4160), 65,
          TileConfig(block_m=4, block_n=32, block_k=128, group_m=1, split_k=3, fma=True, num_warps=4, num_stages=3,
                     kernel="decode")),
-        ("decode", "mma_split8_batched_a", "mxfp8", "mxfp4", (2, 9, 2048), 130,
-         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=8, num_warps=4, num_stages=3,
+        ("decode", "mma_split4_batched_a", "mxfp8", "mxfp4", (2, 9, 2048), 130,
+         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=4, num_warps=4, num_stages=3,
                     kernel="decode")),
+        # The streaming GEMV: dispatch's pick (fp4 weight, one row), and forced with prefetch + split-K on
+        # nvfp4 and block FP8 weights (N one past a tile).
+        ("decode", "gemv", "bf16", "mxfp4", (1, 4096), 129, None),
+        ("decode", "gemv_prefetch_split2", "nvfp4", "nvfp4", (3, 1024), 17,
+         TileConfig(block_m=4, block_n=16, block_k=512, group_m=1, split_k=2, num_warps=4, num_stages=3,
+                    gemv=True, prefetch=True, kernel="decode")),
+        ("decode", "gemv_block_fp8", "fp8_block", "fp8_block", (2, 1024), 130,
+         TileConfig(block_m=2, block_n=8, block_k=256, group_m=1, num_warps=4, num_stages=3, gemv=True,
+                    prefetch=False, kernel="decode")),
+        # The persistent block FP8 kernel: dispatch's pick at an odd large shape, and forced onto a batched
+        # problem with fewer programs than tiles (each program loops over several).
+        ("block_fp8_persistent", "default", "fp8_block", "fp8_block", (1025, 1152), 1030, None),
+        ("block_fp8_persistent", "batched_7_programs", "fp8_block", "fp8_block", (2, 300, 384), 260,
+         TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, persistent=True,
+                    prefetch_scales=True, num_sms=7, kernel="block_fp8_persistent")),
+        # The opt-in one-kernel Hopper MX GEMM (TMA tiles decoded before a bf16 wgmma).
+        ("hopper_mx", "bf16_mma", "mxfp8", "mxfp4", (129, 320), 260,
+         TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, kernel="hopper_mx")),
     ]
     if small:  # racecheck: K (the loop length, hence shared-memory traffic) cut to at most 1056
         cases = [c[:4] + (c[4][:-1] + (min(c[4][-1], 1056),),) + c[5:] for c in cases]
