@@ -85,6 +85,9 @@ def _matmul_cases(small: bool):
     ]
     if small:  # racecheck: K (the loop length, hence shared-memory traffic) cut to at most 1056
         cases = [c[:4] + (c[4][:-1] + (min(c[4][-1], 1056),),) + c[5:] for c in cases]
+        # Dispatch picks the persistent kernel only from 1024 rows, N and K: racecheck did not finish that
+        # one launch in 9 minutes on an H100; the forced batched case runs the same kernel on small tiles.
+        cases = [c for c in cases if not (c[0] == "block_fp8_persistent" and c[-1] is None)]
     return cases
 
 
