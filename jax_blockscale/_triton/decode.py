@@ -540,6 +540,14 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
 
 
+def gemv_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> dict:
+    """gemv_kernel's constexprs for `config` (also used by benchmarks/sass_count.py to compile it alone)."""
+    return dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
+                BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+                ATOMIC=config.atomic_split_k, WIDE=wide, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
+                ASM=asm)
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability, a_ts=None, b_ts=None) -> jax.Array:
     """Decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype.
@@ -571,10 +579,12 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
     if config.gemv:
         kernel, variant = gemv_kernel, "gemv"
-        constexprs = dict(PREFETCH=config.prefetch, NUM_STAGES=config.num_stages, ASM=asm)
+        constexprs = gemv_constexprs(p, config, asm=asm, wide=wide)
     else:
         kernel, variant = decode_kernel, "fma" if config.fma else "mma"
-        constexprs = dict(FMA=config.fma, ASM=asm)
+        constexprs = dict(M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
+                          BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+                          ATOMIC=config.atomic_split_k, WIDE=wide, FMA=config.fma, ASM=asm)
     name = f"decode_{p.a_kind}_{p.b_kind}_{variant}"
     out, _, _ = jt.jax_triton().triton_call(
         b_values, b_scales, x_values, x_scales, a_ts, b_ts,
@@ -585,9 +595,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         zeroed_outputs=zeroed,
         grid=(n_tiles, split),
         name=name, num_warps=config.num_warps, num_stages=config.num_stages,
-        compute_capability=compute_capability,
-        M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        ATOMIC=config.atomic_split_k, WIDE=wide, **constexprs,
+        compute_capability=compute_capability, **constexprs,
     )
     return out.reshape(p.batch, p.m, p.n)
