@@ -11,7 +11,9 @@ instruction count over that is the issue cost per weight element and thread. On 
 schedulers, one warp instruction per scheduler and clock at ~1.755 GHz) that bounds the time from below:
 instructions x N x K / (132 * 4 * 32 * 1.755e9) -- the "issue us" column, for N=7168, K=4096. Compare it
 with the HBM time of the weight bytes (~3.2 TB/s read ceiling): where issue us exceeds it, the kernel is
-instruction-bound.
+instruction-bound. "int pipe us" is the same for the integer pipes: 32-bit logic/shift/add ("alu pipe":
+LOP3, SHF, PRMT, LEA, IADD3, ...) and IMAD each run at half the issue rate on sm_90, so 2 x the larger of
+the two per-element counts bounds the time too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CLASSES = {
     "HFMA2": "f16x2/bf16x2", "HMUL2": "f16x2/bf16x2", "HADD2": "f16x2/bf16x2",
     "F2F": "convert", "F2FP": "convert", "I2F": "convert", "F2I": "convert",
     "LOP3": "bit ops", "SHF": "bit ops", "PRMT": "bit ops", "LEA": "int alu", "BFE": "bit ops", "BMSK": "bit ops",
-    "IMAD": "int alu", "IADD3": "int alu", "VIADD": "int alu", "IABS": "int alu", "ISETP": "int alu", "SEL": "int alu",
+    "IMAD": "imad", "IADD3": "int alu", "VIADD": "int alu", "IABS": "int alu", "ISETP": "int alu", "SEL": "int alu",
     "MOV": "move", "IMNMX": "int alu",
     "LDG": "global load", "LDGSTS": "global load", "LDS": "shared load", "LDSM": "shared load", "STS": "shared store",
     "LDGDEPBAR": "sync", "DEPBAR": "sync", "BAR": "sync",
@@ -101,8 +103,11 @@ def classify(body: list[str]) -> collections.Counter:
             continue
         if "@!PT" in line:  # never-executed padding (Triton's `@!PT LDS RZ, [RZ]`)
             continue
-        counts[CLASSES.get(base, "other")] += 1
+        cls = CLASSES.get(base, "other")
+        counts[cls] += 1
         counts["total"] += 1
+        if cls in ("bit ops", "int alu"):
+            counts["alu pipe"] += 1
     return counts
 
 
@@ -112,9 +117,14 @@ def count(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: in
     per_thread = cfg.block_n * cfg.block_k / (32 * cfg.num_warps)
     counts = classify(body)
     per_elem = {c: v / per_thread for c, v in counts.items()}
-    issue_us = per_elem["total"] * n * k / (SM_COUNT * SCHEDULERS * LANES * CLOCK_HZ) * 1e6
+    scale = n * k / (SM_COUNT * SCHEDULERS * LANES * CLOCK_HZ) * 1e6
+    issue_us = per_elem["total"] * scale
+    # 32-bit integer / logic ops run 16 lanes per clock and scheduler on sm_90 (CUDA guide's throughput
+    # table, cc 9.0: 64 results per SM and clock vs 128 for fp32 FMA), IMAD on another such pipe: each warp
+    # instruction holds its pipe two clocks.
+    pipe_us = 2 * max(per_elem.get("alu pipe", 0), per_elem.get("imad", 0)) * scale
     return dict(kind=w_kind, rows=rows, config=cfg, elems_per_thread=per_thread, loop=counts, per_elem=per_elem,
-                issue_us=issue_us, body=body)
+                issue_us=issue_us, pipe_us=pipe_us, bound_us=max(issue_us, pipe_us), body=body)
 
 
 def _value(text: str):
@@ -130,10 +140,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     changes = dict(s.split("=", 1) for s in args.set)
     changes = {key: _value(v) for key, v in changes.items()}
-    classes = ["total", "fp32 fma", "fp32 mul/add", "f16x2/bf16x2", "convert", "bit ops", "int alu", "move",
+    classes = ["total", "alu pipe", "fp32 fma", "fp32 mul/add", "f16x2/bf16x2", "convert", "bit ops", "int alu", "imad",
+               "move",
                "shared load", "global load", "sync", "other"]
-    print("| kind | M | config | elems/thread/iter | " + " | ".join(classes) + " | issue us |")
-    print("|---" * (len(classes) + 5) + "|")
+    print("| kind | M | config | elems/thread/iter | " + " | ".join(classes) + " | issue us | int pipe us |")
+    print("|---" * (len(classes) + 6) + "|")
     for kind in args.kind or ["e2m1", "nvfp4", "e4m3"]:
         for rows in args.rows or [1, 4]:
             r = count(kind, rows=rows, **changes)
@@ -142,7 +153,7 @@ def main(argv=None):
                     f"{' pf' if c.prefetch else ''}{' asm' if c.asm_decode else ''}"
                     f"{' ' + c.gemv_decode if getattr(c, 'gemv_decode', 'default') != 'default' else ''}")
             cells = " | ".join(f"{r['per_elem'].get(cl, 0):.2f}" for cl in classes)
-            print(f"| {kind} | {rows} | {desc} | {r['elems_per_thread']:.0f} | {cells} | {r['issue_us']:.1f} |",
+            print(f"| {kind} | {rows} | {desc} | {r['elems_per_thread']:.0f} | {cells} | {r['issue_us']:.1f} | {r['pipe_us']:.1f} |",
                   flush=True)
             if args.dump:
                 with open(args.dump, "w") as f:

@@ -333,7 +333,7 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
         x = gemv_x_row(x_ptr, x_scale_ptr, m, k0, K, X_KIND, BLOCK_K)
         if FP4:
             x_lo, x_hi = tl.split(tl.reshape(x, (G, BPG, 2)))
-            part = tl.sum(w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :], axis=2)
+            part = tl.sum(w_lo * x_lo[None, :, :], axis=2) + tl.sum(w_hi * x_hi[None, :, :], axis=2)
         else:
             part = tl.sum(w_lo * tl.reshape(x, (G, BPG))[None, :, :], axis=2)
         group_s = s
