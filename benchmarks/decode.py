@@ -334,7 +334,7 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
 
 
 # The GEMV's fp4 decode variants against dispatch's tuned sm_90 config (`--gemv-decode`): label -> changes.
-GEMV_DECODE_VARIANTS = (("tuned", {}), ("tuned f16", dict(f16_decode=True)),
+GEMV_DECODE_VARIANTS = (("tuned bf16 dec", dict(f16_decode=False)), ("tuned f16 dec", dict(f16_decode=True)),
                         ("f16 n16", dict(f16_decode=True, block_n=16)),
                         ("f16 st2", dict(f16_decode=True, num_stages=2)),
                         ("f16 k1024", dict(f16_decode=True, block_k=1024)))
@@ -360,7 +360,7 @@ def gemv_decode(torch, n=7168, k=4096):
             p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
             base = decode.default_config(p, "sm_90")
             for label, changes in GEMV_DECODE_VARIANTS:
-                if changes and fb not in ("mxfp4", "nvfp4"):
+                if label != GEMV_DECODE_VARIANTS[0][0] and fb not in ("mxfp4", "nvfp4"):
                     continue
                 cfg = base.replace(kernel="decode", **changes)  # the decode entry is opt-in on sm_90
                 try:

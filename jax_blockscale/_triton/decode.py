@@ -21,7 +21,9 @@ around the weight read:
   16-byte vectors per thread), about four programs per SM (split-K only when N is short of that),
   `tl.range` pipelining (cp.async) plus an optional register prefetch; its tensors keep the load's layout
   (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
-  multiplied by the group's scale once. FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
+  multiplied by the group's scale once (two fp32 FMA chains per group, no separate adds). The fp4 codes
+  decode through fp16 straight to fp32 (`config.f16_decode`, `_fp4_f32_ptx`) where the bf16 decode and its
+  integer widening left the kernel bound by sm_90's half-rate integer pipe (benchmarks/sass_count.py). FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
   = 16 us of fp32 FMA on an H100), so more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
   partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
@@ -490,10 +492,12 @@ def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 
 # The best configurations of `benchmarks/decode.py --variants` on an H100 (2026-11-22, N=7168, K=4096,
 # CUPTI kernel time), per weight kind: (GEMV for <= 4 rows, swapped MMA above). M=1: mxfp4 11.3 us, nvfp4
 # 11.4, mxfp8 13.8 (24.5 us XLA bf16); M=16: mxfp4 20.3, nvfp4 17.0, mxfp8 18.5 (24.6); mxfp8 M=64 22.9.
+# The fp4 GEMVs take the fp16-route decode (f16_decode): same loads, 30% fewer instructions per weight
+# element in the K loop (benchmarks/sass_count.py: e2m1 M=1 7.2 -> 5.0, integer-pipe ops 3.3 -> 2.2).
 _SM90_TUNED = {
-    "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False),
+    "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False, f16_decode=True),
              dict(block_n=32, block_k=512, split_k=1, num_warps=2, num_stages=3, prefetch=True)),
-    NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False),
+    NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False, f16_decode=True),
             dict(block_n=32, block_k=256, split_k=2, num_warps=2, num_stages=4, prefetch=True, asm_decode=False)),
     "e4m3": (dict(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=1, prefetch=False),
              dict(block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=3, prefetch=True)),
