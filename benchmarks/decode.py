@@ -3,6 +3,7 @@
     python -m benchmarks.decode               # the issue's table: shapes x formats x M, vs XLA bf16 / cuBLAS
     python -m benchmarks.decode --variants --time-budget 270   # greedy knob search per (format, M)
     python -m benchmarks.decode --quick       # N=7168, K=4096 only
+    python -m benchmarks.decode --gemv-decode # the GEMV's fp4 decode variants vs the tuned config (~1-2 min)
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -173,7 +174,7 @@ def table(shapes, rows, torch):
 # MMA 16 and 64 (FMAs would be compute-bound there: 16 rows x 29M weights = 16 us of fp32 FMA on an H100).
 GEMV_SPACE = dict(block_n=(16, 8, 32, 64), split_k=(None, 1, 2, 4, 8), row_bytes=(256, 512, 128, 1024),
                   num_warps=(4, 2, 8, 1), num_stages=(2, 3, 4, 1), prefetch=(True, False), asm_decode=(True, False),
-                  atomic_split_k=(False, True))
+                  f16_decode=(False, True), atomic_split_k=(False, True))
 MMA_SPACE = dict(block_n=(64, 32, 16, 128), split_k=(None, 1, 2, 4, 8), row_bytes=(128, 256, 64),
                  num_warps=(4, 8, 2), num_stages=(4, 3, 2, 5), atomic_split_k=(False, True), asm_decode=(True, False))
 _KIND = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "fp8_block": "block_fp8", "bf16": "bf16"}
@@ -206,7 +207,8 @@ def _config(p, knobs):
     cfg = TileConfig(block_m=block_m, block_n=knobs["block_n"], block_k=block_k, group_m=1,
                      num_warps=knobs["num_warps"], num_stages=knobs["num_stages"], split_k=split, fma=False,
                      atomic_split_k=knobs["atomic_split_k"], asm_decode=knobs["asm_decode"], gemv=gemv,
-                     prefetch=knobs.get("prefetch", True), kernel="decode")
+                     prefetch=knobs.get("prefetch", True), f16_decode=knobs.get("f16_decode", False),
+                     kernel="decode")
     try:
         decode.check_config(p, cfg)
     except ValueError:
@@ -311,7 +313,7 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
                          atomic_split_k=False, asm_decode=True)
             space = MMA_SPACE
         best, best_us = _search(start, space, measure, deadline,
-                                applies=lambda knob: knob != "asm_decode" or fp4)
+                                applies=lambda knob: knob not in ("asm_decode", "f16_decode") or fp4)
         if m == 16 and time.monotonic() < deadline:  # is the GEMV competitive at 16 rows?
             measure(dict(gemv=True, **{kk: v[0] for kk, v in GEMV_SPACE.items()}))
         us, cfg = min(results.values(), key=lambda r: r[0]) if results else (float("inf"), None)
@@ -331,16 +333,64 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
     print(f"\nsweep took {time.monotonic() - t0:.0f} s")
 
 
+# The GEMV's fp4 decode variants against dispatch's tuned sm_90 config (`--gemv-decode`): label -> changes.
+GEMV_DECODE_VARIANTS = (("tuned bf16 dec", dict(f16_decode=False)), ("tuned f16 dec", dict(f16_decode=True)),
+                        ("f16 n16", dict(f16_decode=True, block_n=16)),
+                        ("f16 st2", dict(f16_decode=True, num_stages=2)),
+                        ("f16 k1024", dict(f16_decode=True, block_k=1024)))
+
+
+def gemv_decode(torch, n=7168, k=4096):
+    """Dispatch's tuned sm_90 GEMV config per weight format (M = 1, 4) against the same with the fp16-route
+    fp4 decode (TileConfig.f16_decode) and a few neighbours of it; instruction counts per weight element:
+    `python -m benchmarks.sass_count --set f16_decode=True`."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import GemmProblem
+
+    ceiling = read_ceiling_gbs(torch)
+    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
+          f"read ceiling {ceiling:.0f} GB/s\n")
+    print("| format | M | variant | config | us | GB/s | % read | rel err (fp32 out) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8")):
+        ws = _weights(fb, n, k, 1)
+        nb = _nbytes(ws[0])
+        for m in (1, 4):
+            xa = _activation(fa, m, k)
+            p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
+            base = decode.default_config(p, "sm_90")
+            for label, changes in GEMV_DECODE_VARIANTS:
+                if label != GEMV_DECODE_VARIANTS[0][0] and fb not in ("mxfp4", "nvfp4"):
+                    continue
+                cfg = base.replace(kernel="decode", **changes)  # the decode entry is opt-in on sm_90
+                try:
+                    decode.check_config(p, cfg)
+                except ValueError:
+                    continue
+                desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
+                        f"{' pf' if cfg.prefetch else ''}{' f16' if cfg.f16_decode else ''}")
+                err = _checked(xa, ws[0], cfg)
+                f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
+                us = kernel_us(f, [(xa, w) for w in ws], torch)
+                gbs = nb / us / 1e3
+                print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% | {err:.1e} |",
+                      flush=True)
+        del ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
-    if args.variants:
+    if args.gemv_decode:
+        gemv_decode(torch)
+    elif args.variants:
         variants(torch, time_budget=args.time_budget)
     else:
         table([(7168, 4096)] if args.quick else SHAPES, ROWS, torch)

@@ -1,7 +1,7 @@
 """A NumPy emulator of the few PTX instructions this package's inline assembly uses, so CPU tests can run it.
 
-Instructions: mov.b32 (immediate), prmt.b32 (default mode), shr/shl/and/or.b32 (register or immediate),
-fma.rn.bf16x2. Registers are uint32 arrays (one lane per pack). bf16x2 arithmetic is done in float64 and
+Instructions: mov.b32 (immediate, or unpacking into two .b16 registers `{lo, hi}`), prmt.b32 (default
+mode), shr/shl/and/or.b32 (register or immediate), fma.rn.bf16x2, cvt.f32.f16. Registers are uint32 arrays (one lane per pack). bf16x2 arithmetic is done in float64 and
 rounded to bf16 (nearest-even, subnormals kept, as PTX's bf16 fma, which has no .ftz form); the caller
 must run this where NumPy keeps float subnormals (not on an XLA:CPU callback thread).
 
@@ -64,6 +64,11 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             raise ValueError(f"cannot parse PTX statement {statement!r}")
         op, operands = match.group(1), [t.strip() for t in match.group(2).split(",")]
         dst, srcs = operands[0], operands[1:]
+        if op == "mov.b32" and dst.startswith("{"):  # unpack into two 16-bit registers, low half first
+            whole = value(operands[2])
+            regs[operands[0][1:].strip()] = whole & 0xFFFF
+            regs[operands[1].rstrip("}").strip()] = whole >> 16
+            continue
         if op == "mov.b32":
             result = value(srcs[0])
         elif op == "prmt.b32":
@@ -76,6 +81,8 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             result = value(srcs[0]) & value(srcs[1])
         elif op == "or.b32":
             result = value(srcs[0]) | value(srcs[1])
+        elif op == "cvt.f32.f16":  # exact (fp16 subnormals included)
+            result = (value(srcs[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
         elif op == "fma.rn.bf16x2":
             (a0, a1), (b0, b1), (c0, c1) = (_bf16_halves(value(s)) for s in srcs)
             result = _to_bf16_bits(a0 * b0 + c0) | (_to_bf16_bits(a1 * b1 + c1) << 16)

@@ -82,6 +82,16 @@ for fa, fb in (("bf16", "mxfp4"), ("nvfp4", "nvfp4")):
                       out_dtype="bfloat16",
                       config=dict(block_m=4, block_n=32, block_k=256, group_m=1, num_warps=4, num_stages=3,
                                   split_k=2, gemv=True)))
+# ... its fp16-route PTX decode (config.f16_decode, emulated): one row (per-group sums), several rows with
+# split-K, both fp4 formats, quantized and bf16 activations.
+for fa, fb, m, split in (("bf16", "mxfp4", 1, 1), ("mxfp8", "mxfp4", 3, 3), ("bf16", "nvfp4", 1, 2),
+                         ("nvfp4", "nvfp4", 4, 1)):
+    seed += 1
+    CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=1536, seed=seed, a_gain=40.0, asm=True,
+                      out_dtype="float32",
+                      config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=8, block_k=512, group_m=1,
+                                  num_warps=4, num_stages=2, split_k=split, gemv=True, prefetch=False,
+                                  f16_decode=True)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
                   ("mxfp8", "mxfp4", 5), ("bf16", "mxfp6_e3m2", 64)):
@@ -125,6 +135,8 @@ def test_decode_kernel_matches_reference(results, index):
     else:
         assert gemv == (case["m"] <= 4), launch  # the default: the GEMV up to 4 rows
     assert launch["ASM"] == bool(case.get("asm"))
+    if gemv:
+        assert launch["F16"] == bool(case.get("asm") and (config or {}).get("f16_decode"))
     if not gemv:
         assert launch["BLOCK_K"] == _block_k(case["fb"])
     assert result["finite"], result

@@ -105,6 +105,11 @@ def _configs(fb, rows):
             out.append(TileConfig(block_m=max(1, 1 << (rows - 1).bit_length()), block_n=16, block_k=2 * block_k,
                                   group_m=1, num_warps=4, num_stages=2, split_k=split, atomic_split_k=atomic,
                                   asm_decode=asm, gemv=True, prefetch=split != 3))
+        if fb in FP4:  # the GEMV's fp16-route PTX decode (f16_decode), and the bf16 one where that is default
+            for block_k, split, f16 in ((2048, 1, True), (1024, 2, True), (2048, 1, False)):  # K = 2048
+                out.append(TileConfig(block_m=max(1, 1 << (rows - 1).bit_length()), block_n=8, block_k=block_k,
+                                      group_m=1, num_warps=4, num_stages=4, split_k=split, gemv=True,
+                                      prefetch=False, f16_decode=f16))
     return out
 
 

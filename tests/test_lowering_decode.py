@@ -132,6 +132,18 @@ def test_ptx_fp4_decode_matches_the_e2m1_table(scale):
     _assert_decoded(packed, np.full(packed.shape, scale, np.float32))
 
 
+def test_ptx_fp4_f32_decode_matches_the_e2m1_table_for_every_word():
+    """The GEMV's fp16-route decode (decode._fp4_f32_ptx): every byte value in every byte position of the
+    packed word, bit-exact 2**-14 times the e2m1 table (signed zeros included)."""
+    codes = np.arange(256, dtype=np.uint8)
+    packed = np.stack([codes, np.roll(codes, 1), np.roll(codes, 7), np.roll(codes, 100)], axis=1)
+    packed = np.concatenate([packed, np.roll(packed, 1, axis=1), np.roll(packed, 2, axis=1)])
+    out = run_ptx(decode._fp4_f32_ptx(), 8, [packed.copy().view(np.uint32)[:, 0]])
+    got = np.stack(out, 1).view(np.float32)
+    want = np.concatenate([_E2M1[packed & 15], _E2M1[packed >> 4]], axis=1) * np.float32(2.0**-14)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_ptx_fp4_decode_gives_each_element_of_a_pack_its_own_scale():
     """Which 4 elements a pack holds is the layout's choice: on sm_90 Triton packs the FMA variant's nvfp4
     tile across 4 scale groups. Distinct e4m3 scales per element (subnormals included) must each reach
@@ -202,7 +214,8 @@ def _compile_gemv(w_kind, x_kind, target, *, rows=1, n=7168, k=4096, **changes):
     decode.check_config(p, cfg)
     consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, ATOMIC=cfg.atomic_split_k, WIDE=False,
-                  PREFETCH=cfg.prefetch, NUM_STAGES=cfg.num_stages, ASM=cfg.asm_decode)
+                  PREFETCH=cfg.prefetch, NUM_STAGES=cfg.num_stages, ASM=cfg.asm_decode,
+                  F16=cfg.asm_decode and cfg.f16_decode)
     compiled = compile_kernel(decode.gemv_kernel, target=target, signature=_signature(w_kind, x_kind),
                               constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return assembly(compiled)
@@ -237,6 +250,13 @@ def test_sm90_gemv_streams_16_byte_vectors_without_mma(w_kind, x_kind, rows):
         assert "fma.rn.bf16x2" in asm and "prmt.b32" in asm  # the unscaled inline-PTX fp4 decode
     # the sums over a scale group stay inside a thread: a few shuffles for the final row sums only
     assert len(re.findall(r"shfl\.sync", asm)) <= 16 * rows
+
+
+@pytest.mark.parametrize("w_kind,rows", [("e2m1", 1), ("nvfp4", 4)])
+def test_sm90_gemv_f16_decode_widens_on_the_fp_pipe(w_kind, rows):
+    asm = _compile_gemv(w_kind, "bf16", "sm_90", rows=rows, f16_decode=True)
+    assert "cvt.f32.f16" in asm and "fma.rn.bf16x2" not in asm and ".ftz" not in asm
+    assert _VECTOR_16B.search(asm) and "cp.async" in asm
 
 
 def test_gemv_split_k_reductions():

@@ -21,7 +21,9 @@ around the weight read:
   16-byte vectors per thread), about four programs per SM (split-K only when N is short of that),
   `tl.range` pipelining (cp.async) plus an optional register prefetch; its tensors keep the load's layout
   (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
-  multiplied by the group's scale once. FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
+  multiplied by the group's scale once (two fp32 FMA chains per group, no separate adds). The fp4 codes
+  decode through fp16 straight to fp32 (`config.f16_decode`, `_fp4_f32_ptx`) where the bf16 decode and its
+  integer widening left the kernel bound by sm_90's half-rate integer pipe (benchmarks/sass_count.py). FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
   = 16 us of fp32 FMA on an H100), so more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
   partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
@@ -111,7 +113,37 @@ def _fp4_pair_ptx(scaled: bool = True) -> str:
             + pair("$0", 0, "$5") + pair("$1", 8, "$6") + pair("$2", 4, "$5") + pair("$3", 12, "$6") + "}")
 
 
+def _fp4_f32_ptx() -> str:
+    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $8 -> their 4 low-nibble
+    elements as fp32 in $0..$3 and their 4 high-nibble elements in $4..$7, each 2**-14 times e2m1's value
+    (the GEMV multiplies each group's dot product by 2**14).
+
+    Why: the bf16 decode (`_fp4_pair_ptx`) and Triton's bf16 -> fp32 widening cost ~5 integer
+    instructions per element, and sm_90 runs 32-bit integer/logic ops at half the rate of fp32 ones, which
+    made the GEMV integer-bound. Here each fp16x2 register takes two elements in 3-4 logic ops, and the
+    widening is cvt.f32.f16, which runs on the fp pipe.
+
+    The word is shifted left by 0/4/8/12 so that one nibble of each half-word sits at bits 12..15: its
+    sign is then fp16's sign bit; its exponent and mantissa bits (e1 e0 m), moved to bits 9..11, are
+    fp16's two lowest exponent bits and top mantissa bit. A normal code reads 2**(e - 15) * 1.m, the
+    subnormal one (e = 0) fp16's subnormal 2**-14 * 0.m: both 2**-14 times the e2m1 value, exact, and
+    exact again in fp32 (cvt keeps subnormal inputs; the results are normal fp32)."""
+    # (left shift for the sign, output registers of half-words 0 and 1): the nibble at bits 12..15 of
+    # each half-word after the shift is byte 1/3's high nibble (0), low nibble (4), byte 0/2's high (8),
+    # low (12).
+    pairs = ((0, "$5", "$7"), (4, "$1", "$3"), (8, "$4", "$6"), (12, "$0", "$2"))
+    body = []
+    for shift, r0, r1 in pairs:
+        mag = f"shr.b32 m, $8, 3;" if shift == 0 else f"shl.b32 m, $8, {shift - 3};"
+        sign = "and.b32 p, $8, 0x80008000;" if shift == 0 else f"shl.b32 p, $8, {shift};\nand.b32 p, p, 0x80008000;"
+        body.append(f"{mag}\nand.b32 m, m, 0x0E000E00;\n{sign}\nor.b32 p, p, m;\n"
+                    f"mov.b32 {{h0, h1}}, p;\ncvt.f32.f16 {r0}, h0;\ncvt.f32.f16 {r1}, h1;")
+    return "{\n.reg .b32 m, p;\n.reg .b16 h0, h1;\n" + "\n".join(body) + "\n}"
+
+
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
+_FP4_F32_PTX = tl.constexpr(_fp4_f32_ptx())
+_FP4_F32_UNSCALE = tl.constexpr(16384.0)  # 2**14: what _fp4_f32_ptx's elements lack
 _FP4_PTX_UNSCALED = tl.constexpr(_fp4_pair_ptx(scaled=False))
 
 
@@ -293,7 +325,8 @@ def gemv_x_row(x_ptr, x_scale_ptr, m, k0, K: tl.constexpr, X_KIND: tl.constexpr,
 
 @triton.jit
 def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.constexpr,
-              W_KIND: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr):
+              W_KIND: tl.constexpr, X_KIND: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+              F16: tl.constexpr):
     """acc + this K tile's contribution. acc: (R, G) per-group partial sums when M == 1 (reduced over
     groups once, after the K loop), else (R, BLOCK_M) row sums.
 
@@ -306,7 +339,11 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
     G: tl.constexpr = codes.shape[1]
     BPG: tl.constexpr = codes.shape[2]
     FP4: tl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
-    if FP4 and ASM:
+    if FP4 and ASM and F16:
+        # straight to fp32, 2**-14 times the values (_fp4_f32_ptx): undone on each group's dot product
+        w_lo, w_hi = tl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [codes],
+                                               dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+    elif FP4 and ASM:
         # two elements per bf16x2 instruction (_fp4_pair_ptx), then widened for the fp32 FMAs
         lo, hi = tl.inline_asm_elementwise(_FP4_PTX_UNSCALED, "=r,=r,=r,=r,r", [codes],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
@@ -333,9 +370,11 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
         x = gemv_x_row(x_ptr, x_scale_ptr, m, k0, K, X_KIND, BLOCK_K)
         if FP4:
             x_lo, x_hi = tl.split(tl.reshape(x, (G, BPG, 2)))
-            part = tl.sum(w_lo * x_lo[None, :, :] + w_hi * x_hi[None, :, :], axis=2)
+            part = tl.sum(w_lo * x_lo[None, :, :], axis=2) + tl.sum(w_hi * x_hi[None, :, :], axis=2)
         else:
             part = tl.sum(w_lo * tl.reshape(x, (G, BPG))[None, :, :], axis=2)
+        if FP4 and ASM and F16:
+            part = part * _FP4_F32_UNSCALE  # exact (a power of two), before the scale: no overflow of s * 2**14
         group_s = s
         if X_KIND == "block_fp8":
             # the activation group's fp32 scale (1 x 128 blocks), applied as the weight's
@@ -355,7 +394,7 @@ def gemv_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr,
-    NUM_STAGES: tl.constexpr, ASM: tl.constexpr,
+    NUM_STAGES: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr = False,
 ):
     """As decode_kernel (same operands, outputs and split-K reduction), computed by CUDA-core FMAs over
     small weight tiles: the launcher sizes the grid to several programs per SM so that many 16-byte loads
@@ -388,13 +427,13 @@ def gemv_kernel(
             k_next = tl.minimum(kt + 1, k_end - 1) * BLOCK_K
             next_codes, next_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, k_next, K, W_KIND, BLOCK_K)
             acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
-                            ASM)
+                            ASM, F16)
             codes, raw_s = next_codes, next_s
     else:
         for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
             codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, kt * BLOCK_K, K, W_KIND, BLOCK_K)
             acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K,
-                            ASM)
+                            ASM, F16)
     if M == 1:
         total = tl.sum(acc, axis=1)[:, None]
     else:
@@ -453,10 +492,12 @@ def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 
 # The best configurations of `benchmarks/decode.py --variants` on an H100 (2026-11-22, N=7168, K=4096,
 # CUPTI kernel time), per weight kind: (GEMV for <= 4 rows, swapped MMA above). M=1: mxfp4 11.3 us, nvfp4
 # 11.4, mxfp8 13.8 (24.5 us XLA bf16); M=16: mxfp4 20.3, nvfp4 17.0, mxfp8 18.5 (24.6); mxfp8 M=64 22.9.
+# The fp4 GEMVs take the fp16-route decode (f16_decode): same loads, 30% fewer instructions per weight
+# element in the K loop (benchmarks/sass_count.py: e2m1 M=1 7.2 -> 5.0, integer-pipe ops 3.3 -> 2.2).
 _SM90_TUNED = {
-    "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False),
+    "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False, f16_decode=True),
              dict(block_n=32, block_k=512, split_k=1, num_warps=2, num_stages=3, prefetch=True)),
-    NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False),
+    NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False, f16_decode=True),
             dict(block_n=32, block_k=256, split_k=2, num_warps=2, num_stages=4, prefetch=True, asm_decode=False)),
     "e4m3": (dict(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=1, prefetch=False),
              dict(block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=3, prefetch=True)),
@@ -540,6 +581,14 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
 
 
+def gemv_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> dict:
+    """gemv_kernel's constexprs for `config` (also used by benchmarks/sass_count.py to compile it alone)."""
+    return dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
+                BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+                ATOMIC=config.atomic_split_k, WIDE=wide, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
+                ASM=asm, F16=bool(asm and config.f16_decode))
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability, a_ts=None, b_ts=None) -> jax.Array:
     """Decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype.
@@ -571,10 +620,12 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
     if config.gemv:
         kernel, variant = gemv_kernel, "gemv"
-        constexprs = dict(PREFETCH=config.prefetch, NUM_STAGES=config.num_stages, ASM=asm)
+        constexprs = gemv_constexprs(p, config, asm=asm, wide=wide)
     else:
         kernel, variant = decode_kernel, "fma" if config.fma else "mma"
-        constexprs = dict(FMA=config.fma, ASM=asm)
+        constexprs = dict(M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
+                          BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+                          ATOMIC=config.atomic_split_k, WIDE=wide, FMA=config.fma, ASM=asm)
     name = f"decode_{p.a_kind}_{p.b_kind}_{variant}"
     out, _, _ = jt.jax_triton().triton_call(
         b_values, b_scales, x_values, x_scales, a_ts, b_ts,
@@ -585,9 +636,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         zeroed_outputs=zeroed,
         grid=(n_tiles, split),
         name=name, num_warps=config.num_warps, num_stages=config.num_stages,
-        compute_capability=compute_capability,
-        M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-        ATOMIC=config.atomic_split_k, WIDE=wide, **constexprs,
+        compute_capability=compute_capability, **constexprs,
     )
     return out.reshape(p.batch, p.m, p.n)

@@ -103,6 +103,9 @@ class TileConfig:
     # raw weight tiles in registers. block_m, block_n, block_k, split_k, num_warps, num_stages apply.
     gemv: bool = False
     prefetch: bool = True
+    # The GEMV's PTX fp4 decode straight to fp32 through fp16 (decode._fp4_f32_ptx: bit ops, then one
+    # cvt.f32.f16 per element on the fp pipe) instead of bf16 pairs widened by integer ops.
+    f16_decode: bool = False
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16.
     fp8_mma: bool = False

@@ -1,0 +1,164 @@
+"""SASS instructions per weight element in the decode GEMV's steady-state K loop (CPU only, no GPU).
+
+    python -m benchmarks.sass_count                          # e2m1, nvfp4, e4m3 at M=1 and 4, tuned sm_90 configs
+    python -m benchmarks.sass_count --kind e2m1 --rows 1 --dump /tmp/loop.sass
+    python -m benchmarks.sass_count --set fast_decode=True   # a TileConfig field changed for every case
+
+Cross-compiles `decode.gemv_kernel` for sm_90 (Triton's bundled ptxas), disassembles the cubin with the
+bundled nvdisasm, and takes the largest loop (a label and the backward branch to it): the K loop. Each
+thread handles BLOCK_N * BLOCK_K / (32 * num_warps) weight elements per iteration, so the loop's
+instruction count over that is the issue cost per weight element and thread. On an H100 (132 SMs x 4
+schedulers, one warp instruction per scheduler and clock at ~1.755 GHz) that bounds the time from below:
+instructions x N x K / (132 * 4 * 32 * 1.755e9) -- the "issue us" column, for N=7168, K=4096. Compare it
+with the HBM time of the weight bytes (~3.2 TB/s read ceiling): where issue us exceeds it, the kernel is
+instruction-bound. "int pipe us" is the same for the integer pipes: 32-bit logic/shift/add ("alu pipe":
+LOP3, SHF, PRMT, LEA, IADD3, ...) and IMAD each run at half the issue rate on sm_90, so 2 x the larger of
+the two per-element counts bounds the time too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+SM_COUNT, SCHEDULERS, LANES, CLOCK_HZ = 132, 4, 32, 1.755e9
+
+# Opcode (first dotted part) -> class; anything else is "other".
+CLASSES = {
+    "FFMA": "fp32 fma", "FMUL": "fp32 mul/add", "FADD": "fp32 mul/add",
+    "HFMA2": "f16x2/bf16x2", "HMUL2": "f16x2/bf16x2", "HADD2": "f16x2/bf16x2",
+    "F2F": "convert", "F2FP": "convert", "I2F": "convert", "F2I": "convert",
+    "LOP3": "bit ops", "SHF": "bit ops", "PRMT": "bit ops", "LEA": "int alu", "BFE": "bit ops", "BMSK": "bit ops",
+    "IMAD": "imad", "IADD3": "int alu", "VIADD": "int alu", "IABS": "int alu", "ISETP": "int alu", "SEL": "int alu",
+    "MOV": "move", "IMNMX": "int alu",
+    "LDG": "global load", "LDGSTS": "global load", "LDS": "shared load", "LDSM": "shared load", "STS": "shared store",
+    "LDGDEPBAR": "sync", "DEPBAR": "sync", "BAR": "sync",
+}
+_LINE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+_BIN = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin")
+
+
+def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
+    values = {"e2m1": "*u8", "nvfp4": "*u8", "e2m3": "*u8", "e3m2": "*u8", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5",
+              "block_fp8": "*fp8e4nv", "bf16": "*bf16"}
+    scales = {"nvfp4": "*fp8e4nv", "block_fp8": "*fp32"}
+    x_scales = values[x_kind] if x_kind == "bf16" else scales.get(x_kind, "*u8")
+    return {"w_ptr": values[w_kind], "w_scale_ptr": scales.get(w_kind, "*u8"), "x_ptr": values[x_kind],
+            "x_scale_ptr": x_scales, "a_ts_ptr": "*fp32", "b_ts_ptr": "*fp32", "out_ptr": "*bf16",
+            "ws_ptr": "*fp32", "count_ptr": "*i32"}
+
+
+def compile_gemv(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
+    """(compiled kernel, TileConfig) of the GEMV for sm_90: dispatch's config with `changes` applied."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.compile import compile_kernel
+    from jax_blockscale._triton.problem import GemmProblem
+
+    p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
+    cfg = decode.default_config(p, "sm_90").replace(**changes)
+    if not cfg.gemv:
+        raise ValueError(f"{w_kind} with {rows} rows does not take the GEMV: {cfg}")
+    decode.check_config(p, cfg)
+    consts = decode.gemv_constexprs(p, cfg, asm=cfg.asm_decode, wide=False)
+    compiled = compile_kernel(decode.gemv_kernel, target="sm_90", signature=_signature(w_kind, x_kind),
+                              constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return compiled, cfg
+
+
+def disassemble(cubin: bytes) -> list[str]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([os.path.join(_BIN, "nvdisasm"), "-c", f.name], check=True, capture_output=True,
+                              text=True).stdout.splitlines()
+
+
+def largest_loop(lines: list[str]) -> list[str]:
+    """The instructions between a label and the last backward branch to it, for the longest such span."""
+    labels, best = {}, []
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = i
+        b = _BRANCH.search(line)
+        if b and b.group(1) in labels and labels[b.group(1)] < i:
+            body = [x for x in lines[labels[b.group(1)]:i + 1] if _LINE.match(x)]
+            if len(body) > len(best):
+                best = body
+    return best
+
+
+def classify(body: list[str]) -> collections.Counter:
+    counts = collections.Counter()
+    for line in body:
+        op = _LINE.match(line).group(2)
+        base = op.split(".")[0]
+        if base in ("@!PT", "NOP"):
+            continue
+        if "@!PT" in line:  # never-executed padding (Triton's `@!PT LDS RZ, [RZ]`)
+            continue
+        cls = CLASSES.get(base, "other")
+        counts[cls] += 1
+        counts["total"] += 1
+        if cls in ("bit ops", "int alu"):
+            counts["alu pipe"] += 1
+    return counts
+
+
+def count(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes) -> dict:
+    compiled, cfg = compile_gemv(w_kind, x_kind, rows, n, k, **changes)
+    body = largest_loop(disassemble(compiled.asm["cubin"]))
+    per_thread = cfg.block_n * cfg.block_k / (32 * cfg.num_warps)
+    counts = classify(body)
+    per_elem = {c: v / per_thread for c, v in counts.items()}
+    scale = n * k / (SM_COUNT * SCHEDULERS * LANES * CLOCK_HZ) * 1e6
+    issue_us = per_elem["total"] * scale
+    # 32-bit integer / logic ops run 16 lanes per clock and scheduler on sm_90 (CUDA guide's throughput
+    # table, cc 9.0: 64 results per SM and clock vs 128 for fp32 FMA), IMAD on another such pipe: each warp
+    # instruction holds its pipe two clocks.
+    pipe_us = 2 * max(per_elem.get("alu pipe", 0), per_elem.get("imad", 0)) * scale
+    return dict(kind=w_kind, rows=rows, config=cfg, elems_per_thread=per_thread, loop=counts, per_elem=per_elem,
+                issue_us=issue_us, pipe_us=pipe_us, bound_us=max(issue_us, pipe_us), body=body)
+
+
+def _value(text: str):
+    return {"True": True, "False": False}.get(text, int(text) if text.lstrip("-").isdigit() else text)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", action="append", help="weight kind(s): e2m1 nvfp4 e4m3 ... (default: those three)")
+    ap.add_argument("--rows", type=int, action="append", help="activation rows (default 1 and 4)")
+    ap.add_argument("--set", action="append", default=[], help="TileConfig field=value applied to every case")
+    ap.add_argument("--dump", help="write the loop body of the (last) case here")
+    args = ap.parse_args(argv)
+    changes = dict(s.split("=", 1) for s in args.set)
+    changes = {key: _value(v) for key, v in changes.items()}
+    classes = ["total", "alu pipe", "fp32 fma", "fp32 mul/add", "f16x2/bf16x2", "convert", "bit ops", "int alu", "imad",
+               "move",
+               "shared load", "global load", "sync", "other"]
+    print("| kind | M | config | elems/thread/iter | " + " | ".join(classes) + " | issue us | int pipe us |")
+    print("|---" * (len(classes) + 6) + "|")
+    for kind in args.kind or ["e2m1", "nvfp4", "e4m3"]:
+        for rows in args.rows or [1, 4]:
+            r = count(kind, rows=rows, **changes)
+            c = r["config"]
+            desc = (f"n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+                    f"{' pf' if c.prefetch else ''}{' asm' if c.asm_decode else ''}"
+                    f"{' ' + c.gemv_decode if getattr(c, 'gemv_decode', 'default') != 'default' else ''}")
+            cells = " | ".join(f"{r['per_elem'].get(cl, 0):.2f}" for cl in classes)
+            print(f"| {kind} | {rows} | {desc} | {r['elems_per_thread']:.0f} | {cells} | {r['issue_us']:.1f} | {r['pipe_us']:.1f} |",
+                  flush=True)
+            if args.dump:
+                with open(args.dump, "w") as f:
+                    f.write("\n".join(r["body"]) + "\n")
+
+
+if __name__ == "__main__":
+    main()
