@@ -3,6 +3,7 @@
     python -m benchmarks.quant_variants                 # every case x variant, bf16 8192 x 8192, on a GPU
     python -m benchmarks.quant_variants --cases mxfp8+T,fp8_1x128+T --modes direct --warps 4,8
     python -m benchmarks.quant_variants --tiny          # tiny shape, checks the harness (CPU: no kernel time)
+    python -m benchmarks.quant_variants --cases nvfp4,fp8_1x128 --default-plan --divs f64,f32   # quotient paths
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
@@ -60,24 +61,27 @@ def _nbytes(shapes) -> int:
 
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
-    mode, tile, warps = variant
-    overrides = dict(col_mode=mode, tile=tile, num_warps=warps)
+    mode, tile, warps, div = variant
+    overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
     run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90, **overrides)
     return jax.jit(lambda x, ts: run(x[None], ts)), p
 
 
-def variants(row, col, modes, tiles, warps):
+def variants(row, col, modes, tiles, warps, divs=("f64",)):
     out = []
-    for mode, tile, w in itertools.product(modes, tiles, warps):
+    quotient = any(f is not None and f.name in ("nvfp4", "fp8_block") for f in (row, col))
+    for mode, tile, w, div in itertools.product(modes, tiles, warps, divs):
         if col is None and mode != modes[0]:
             continue  # no column side: the mode does not matter
+        if not quotient and div != divs[0]:
+            continue  # MX sides divide by powers of two: no quotient path to choose
         try:
             qk.plan(1, 8192, 8192, qk.Side(row), qk.Side(col), col_mode=mode if col is not None else None,
-                    tile=tile, num_warps=w)
+                    tile=tile, num_warps=w, div=div)
         except ValueError:
             continue
-        out.append((mode if col is not None else None, tile, w))
+        out.append((mode if col is not None else None, tile, w, div))
     return out
 
 
@@ -87,6 +91,9 @@ def main() -> None:
     ap.add_argument("--modes", default="trans,direct,reuse")
     ap.add_argument("--tiles", default=",".join(f"{a}x{b}" for a, b in TILES))
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--divs", default="f64,f32", help="element quotient paths (plan's div=) for nvfp4 / fp8")
+    ap.add_argument("--default-plan", action="store_true",
+                    help="the plan's own tile and warps (one variant per mode and div): a quick run")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -95,6 +102,7 @@ def main() -> None:
     modes = args.modes.split(",")
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     warps = [int(w) for w in args.warps.split(",")]
+    divs = args.divs.split(",")
     on_gpu = jax.default_backend() == "gpu"
     keys = jax.random.split(jax.random.key(0), r)
     xs = [jax.random.normal(k, shape, jnp.bfloat16) for k in keys]
@@ -102,7 +110,7 @@ def main() -> None:
     start = time.perf_counter()
     lines = [f"## Quantization kernel variants, {device}, {datetime.date.today()} (bf16 {shape[0]}x{shape[1]}, "
              f"kernel time, {r} operand sets)", "",
-             "| case | mode | tile | warps | kernel µs | wall µs | vs x*2 | bits |", "|---|---|---|---|---|---|---|---|"]
+             "| case | mode | tile | warps | div | kernel µs | wall µs | vs x*2 | bits |", "|---|---|---|---|---|---|---|---|---|"]
     base = kernel_times(jax.jit(lambda x: x * 2), [(x,) for x in xs])
     base_rate = 2 * xs[0].nbytes / base.profile.kernel_s if on_gpu else math.nan
     print(f"x*2: kernel {base.profile.kernel_s * 1e6:.1f} us, wall {base.wall_s * 1e6:.1f} us", flush=True)
@@ -111,12 +119,20 @@ def main() -> None:
         tss = [jnp.stack([jb.nvfp4_tensor_scale(x) if isinstance(f, type(get_format("nvfp4"))) else
                           jnp.float32(1.0) for f in (row, col)]).astype(jnp.float32) for x in xs]
         want = jax.jit(lambda x, ts: qp._reference(x[None], ts, row=(row, "rceil"), col=(col, "rceil")))(xs[0], tss[0])
-        for variant in variants(row, col, modes, tiles, warps):
+        if args.default_plan:
+            p0 = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
+            tiles_c, warps_c = [(p0.constexprs["BR"], p0.constexprs["BC"])], [p0.num_warps]
+            modes_c = modes if col is not None else [modes[0]]
+            if col is not None:
+                modes_c = [m for m in modes if m == p0.constexprs["COL_MODE"]] or [p0.constexprs["COL_MODE"]]
+        else:
+            tiles_c, warps_c, modes_c = tiles, warps, modes
+        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs):
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            mode, tile, w = variant
-            head = f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} |"
+            mode, tile, w, div = variant
+            head = f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} |"
             if not on_gpu:  # the kernel does not run on a CPU (no interpreter here): the plan only
                 lines.append(f"{head} - | - | - | not run (CPU) |")
                 continue

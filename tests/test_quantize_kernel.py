@@ -64,10 +64,17 @@ CASES += [
          col_mode="direct", tile=[16, 64]),
 ]
 
+# The float64 element quotients (plan div="f64", the jnp quantizer's own arithmetic) beside the default
+# float32 ones, on the nvfp4 / fp8_block cases above.
+CASES += [dict(c, div="f64", seed=c["seed"] + 1000) for c in CASES
+          if any(side and side[0] in ("nvfp4", "fp8_block") for side in (c["row"], c["col"]))]
+
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+    # The checkout under test first on the path (the subprocess would otherwise import an installed copy).
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, str(HERE / "_quantize_kernel_check.py"), json.dumps(CASES)],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -76,7 +83,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
-                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]

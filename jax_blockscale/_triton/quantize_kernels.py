@@ -16,9 +16,11 @@ max over the float32 bit patterns with the sign cleared (NaN above +Inf above ev
 
 Bit-identity with the jnp quantizer (quantize.py, the oracle): each per-block and per-element step here
 is the same IEEE operation the jnp code asks XLA for, in the same order — the MX exponent from the
-amax's bits for all four roundings, the exact power-of-two multiply, the float64 quotients for nvfp4 and
-fp8_block with `reduce_precision`-to-float32 done on the float64 bits (`_rn32`), and the integer RNE
-encoder of `elements.encode`. Float32 subnormals are kept (Triton emits no .ftz, like XLA:GPU), so the
+amax's bits for all four roundings, the exact power-of-two multiply, the float64 per-block quotients for
+nvfp4 and fp8_block with `reduce_precision`-to-float32 done on the float64 bits (`_rn32`), and the integer
+RNE encoder of `elements.encode` — except the per-element quotients RN32(x / d) of nvfp4 and fp8_block,
+which the jnp code forms in float64 and the kernel either in float64 too or (plan's div="f32") in float32
+with a correction step that gives the same correctly rounded float32 (`_quotient_parts`: proof sketch). Float32 subnormals are kept (Triton emits no .ftz, like XLA:GPU), so the
 kernel matches XLA:GPU's run of the jnp code; tests compare both on the GPU and, through Triton's
 interpreter, against XLA:CPU on normal inputs (XLA:CPU flushes subnormals).
 """
@@ -53,7 +55,14 @@ def _exp2_bits(e):
 def _encode(x, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
     """float32 -> element code (uint8), RNE, saturating; `elements.encode` step by step."""
     bits = x.to(tl.uint32, bitcast=True)
-    sign = (bits >> 31).to(tl.uint8)
+    return _encode_signed(bits, bits >> 31, MBITS, MIN_EXP, MAX_BITS, NBITS)
+
+
+@triton.jit
+def _encode_signed(bits, sign, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr,
+                   NBITS: tl.constexpr):
+    """`_encode` of the float32 bit pattern `bits`, whose sign is taken from `sign` (0 / 1) instead."""
+    sign = sign.to(tl.uint8)
     m = tl.minimum(bits & 0x7FFFFFFF, tl.full(bits.shape, MAX_BITS, tl.uint32))
     DROP: tl.constexpr = 23 - MBITS
     rounded = (m + ((1 << (DROP - 1)) - 1) + ((m >> DROP) & 1)) >> DROP
@@ -119,6 +128,60 @@ def _mx_exponent(amax_bits, amax, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT
     return e
 
 
+# The element quotient RN32(x / d) in float32 (DIV="f32"). x / d per element, in float64 as the jnp quantizer
+# does (DIV="f64": two float32 <-> float64 conversions per element, which an H100 runs at 16 per clock per
+# SM, an eighth of its float32 rate), or with float32 operations only, per block (d: the divisor):
+#   c = 2**-e(d), d_s = d * c in [1, 4), y = RN32(1 / d_s)                       (exact power-of-two scaling)
+# and per element:
+#   x_s = x * c;  q0 = RN32(x_s * y);  r = fma(-q0, d_s, x_s);  q = fma(r, y, q0).
+# Proof sketch that encode(q) == encode(RN32(x / d)) (the codes the float64 path gives):
+# - Normal d (float32 d is 0, Inf, NaN or >= 2**-126: `_rn32` flushed smaller scales): x_s / d_s == x / d.
+#   If |x / d| >= 2**-11 (below that every element type rounds to a signed zero, e4m3's smallest step
+#   being 2**-9) and < 2**126, x_s is exact and normal, and so are y (in (1/4, 1]), q0 and d_s; q0 is
+#   within 1 ulp of x_s / d_s, so the residual r = x_s - q0 d_s is a float32 (Markstein: it is a multiple
+#   of ulp(q0) ulp(d_s) >= 2**-58 |q0| below 2**24 of them), the fma computes it exactly, and
+#   q = RN32(q0 + r y) is the correctly rounded quotient (Markstein's theorem, y = RN(1 / d_s)). Without the
+#   scaling, a tiny d (d < 2**-90) would put the residual below float32's subnormal grain and break it.
+#   Larger quotients: x_s or q0 overflow to Inf, q is Inf or NaN, which encode saturates like the float64
+#   path's. Smaller ones: q stays within a few ulps of a value below 2**-11 and encodes to zero too.
+# - Special d: c = 1, d_s = 0, y = 1 / d (Inf for d = 0, 0 for d = Inf, NaN for NaN), so q0 = x * y is the
+#   float64 path's product (Inf, 0, NaN) and q is NaN, 0 or NaN: saturating alike, or zero.
+# - Signs: the code's sign bit is q0's (the product's sign, exact even for zero, where fma's signed-zero
+#   rules would turn -0 into +0), masked off in nvfp4's zero-divisor blocks, which the spec zeroes as +0.
+# - NaN blocks (bad scale): all codes saturate, the sign is the product's, as in the float64 path.
+# tests/test_quantize_quotient.py checks this against the float64 path and exact rationals on ~10**6
+# (x, d) pairs per format (tiny and huge d, float32 midpoints, e4m3 / e2m1 ties, subnormal x); the
+# interpreter tests install an exact fma (Triton's interpreter rounds x * y + z twice).
+
+
+@triton.jit
+def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
+    """Per-block (c, d_s, y, sign mask) of the float32 quotient for float32 divisors d (see above)."""
+    normal = (tl.abs(d) >= 2.0**-126) & (tl.abs(d) < float("inf"))
+    e = ((d.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
+    c = tl.where(normal, _exp2_bits(tl.maximum(-e, -126)), 1.0)
+    d_s = tl.where(normal, d * c, 0.0)
+    y = tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(normal, d_s, d))
+    mask = tl.full(d.shape, 0x80000000, tl.uint32)
+    if ZERO_DIVISOR_ZEROES:
+        y = tl.where(d == 0, 0.0, y)
+        mask = tl.where(d == 0, 0, mask)
+    return c, d_s, y, mask
+
+
+@triton.jit
+def _quotient_codes(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr, MBITS: tl.constexpr,
+                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+    """Codes of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`."""
+    x_s = x4 * _spread(c, TH, TW)
+    ys = _spread(y, TH, TW)
+    q0 = x_s * ys
+    r = tl.fma(-q0, _spread(d_s, TH, TW), x_s)
+    q = tl.fma(r, ys, q0)
+    sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
+    return _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
+
+
 @triton.jit
 def _blocked(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
     """The (BR, BC) tile with its (TH, TW) blocks on their own axes. 1-wide blocks get a 3D view, not a 4D
@@ -164,10 +227,12 @@ def _block_amax(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.
 @triton.jit
 def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                      BR: tl.constexpr, BC: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
-                     MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr):
+                     MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
+                     DIV: tl.constexpr):
     """Codes (BR, BC) uint8 and per-block scales (BR // TH, BC // TW) of one side.
 
-    Scales come back as stored: uint8 e8m0 (MX), uint8 e4m3 codes (nvfp4), float32 (fp8 blocks)."""
+    Scales come back as stored: uint8 e8m0 (MX), uint8 e4m3 codes (nvfp4), float32 (fp8 blocks). DIV: how
+    nvfp4 / fp8 form the element quotients, "f32" or "f64" (bit-identical; see `_quotient_parts`)."""
     amax_bits, amax = _block_amax(x, TH, TW, BR, BC)
     bad = amax_bits >= 0x7F800000
     x4 = _blocked(x, TH, TW, BR, BC)
@@ -183,18 +248,28 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scale_code = tl.where(bad, 0x7F, scale_code).to(tl.uint8)
         scale_value = _e4m3_value(scale_code)
         denom = _rn32(scale_value.to(tl.float64) * ts64)
-        recip = 1.0 / denom
-        scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
-        scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
         scales = scale_code
+        if DIV == "f32":
+            c, d_s, y, mask = _quotient_parts(denom.to(tl.float32), True)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        else:
+            recip = 1.0 / denom
+            scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
+            scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
+            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
     elif KIND == "fp8":
         # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
         # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
         scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) / 448.0))
         scale64 = tl.where(bad, float("nan"), scale64)
-        recip = 1.0 / scale64
-        scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
         scales = scale64.to(tl.float32)
+        if DIV == "f32":
+            c, d_s, y, mask = _quotient_parts(scales, False)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        else:
+            recip = 1.0 / scale64
+            scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
+            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
     else:
         # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
         e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
@@ -203,7 +278,7 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         factor = _exp2_bits(-tl.minimum(e, 126))
         scaled = x4 * _spread(factor, TH, TW)
         scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
-    codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
     return tl.reshape(codes, (BR, BC)), scales
 
 
@@ -245,7 +320,7 @@ def quantize_kernel(
     C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr, C_TW: tl.constexpr,
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
-    COL_MODE: tl.constexpr = "trans",
+    COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64",
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
@@ -264,7 +339,7 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     if R_KIND != "none":
         codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS, R_MIN_EXP,
-                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT)
+                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV)
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
     if C_KIND != "none":
@@ -276,11 +351,11 @@ def quantize_kernel(
             # Quantize down x's columns where x lies, then transpose only the 1-byte codes (and the scales)
             # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
             c_codes, c_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
-                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
+                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
             c_codes, c_scales = tl.trans(c_codes), tl.trans(c_scales)
         else:  # "trans": quantize x^T row-wise (one float32 transpose of the tile through shared memory)
             c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
-                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT)
+                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
         _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
                     C_EPB, BC, BR, C_TW, C_TH)
 
@@ -391,11 +466,21 @@ def _default_tile(row: Side, col: Side, heights: list[int], widths: list[int]) -
     return br, max([bc] + widths)
 
 
+DIVS = ("f32", "f64")
+
+
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
-         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None) -> Plan:
+         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64") -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
-    col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them)."""
+    col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
+    picks how nvfp4 / fp8_block form element quotients, bit-identically: "f64" (float64 as the jnp
+    quantizer: 2 conversions per element) or "f32" (float32 operations and one more integer op per element,
+    see `_quotient_parts`). "f64" stays the default until an H100 run of benchmarks/quant_variants.py
+    --divs f64,f32 shows "f32" faster: benchmarks/sass_quant.py's static estimate puts both cases' bound on
+    the integer pipe, which "f32" does not relieve."""
+    if div not in DIVS:
+        raise ValueError(f"div must be one of {DIVS}, got {div!r}")
     for side in (row, col):
         why = supported_side(side.fmt)
         if why:
@@ -418,7 +503,7 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         # elements (8 was 1.4-1.7x slower there), 8 for row-only 64 x 128 (1x128: 74 us vs 84 with 4)
         small = 4096 if col.fmt is None else 8192
         num_warps = 4 if elements <= small else 8 if elements <= 128 * 128 else 16
-    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans",
+    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div,
               **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
