@@ -110,6 +110,16 @@ def read_ceiling_gbs(torch) -> float:
     return x.nbytes / us / 1e3
 
 
+def same_size_read_us(torch, n: int, nbytes: int) -> float:
+    """Kernel time of XLA's row sum over a (n, nbytes / 4n) float32 array, 16 distinct arrays rotated: a
+    read of the weight's bytes, in the weight's row shape, with no decode. At decode sizes (~16 MB) launch
+    and ramp-up are a large part of it, so it is the ceiling a weight-streaming kernel can approach, below
+    the 1 GiB figure."""
+    cols = max(1, nbytes // (4 * n))
+    xs = [jnp.full((n, cols), float(i), jnp.float32) for i in range(WEIGHTS)]
+    return kernel_us(jax.jit(lambda x: jnp.sum(x, axis=1)), [(x,) for x in xs], torch)
+
+
 def _cublas_blockwise_us(torch, x, ws):
     """torch cuBLAS blockwise FP8 on the very bytes of our fp8_block operands (benchmarks/_torch.py)."""
     from benchmarks import _torch as bt
@@ -355,6 +365,9 @@ def gemv_decode(torch, n=7168, k=4096):
     for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8")):
         ws = _weights(fb, n, k, 1)
         nb = _nbytes(ws[0])
+        read_us = same_size_read_us(torch, n, nb)
+        print(f"| {fb} | - | same-size read | XLA row sum over {nb / 1e6:.1f} MB | {read_us:.2f} | "
+              f"{nb / read_us / 1e3:.0f} | {100 * nb / read_us / 1e3 / ceiling:.0f}% | |", flush=True)
         for m in (1, 4):
             xa = _activation(fa, m, k)
             p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
