@@ -200,10 +200,22 @@ def run_decode(q: Quick, sizes: Sizes) -> None:
         for fmt in DECODE_FORMATS:
             qs = [bl.quantized_pair(x, w, *FORMATS[fmt]) for x, w in dense]
             wbytes = tree_nbytes(qs[0][1])
+            if fmt == "bf16xmxfp4" and m == sizes.decode_m[0]:
+                _same_size_read(q, case, n, wbytes, len(qs))
             _ours(q, "decode", case, fmt, qs, flops, wbytes)
             if fmt == "fp8_block":
                 _torch(q, "decode", case, qs, flops, wbytes)
             del qs
+
+
+def _same_size_read(q: Quick, case: str, n: int, nbytes: int, r: int) -> None:
+    """The ceiling a weight-streaming kernel can approach at this size: XLA's row sum over float32 arrays
+    of the mxfp4 weight's bytes in (n, bytes / 4n), as many distinct arrays as operand sets (launch and
+    ramp-up are a large part of a ~16 MB read; the 1 GiB read rate is out of reach here)."""
+    sets = [(jnp.full((n, nbytes // (4 * n)), float(i), jnp.float32),) for i in range(r)]
+    row_sum = lambda x: jnp.sum(x, axis=1)  # noqa: E731
+    q.add("decode", case, "XLA read of the mxfp4 bytes", lambda: bl.run_jax("xla_read", row_sum, sets, row_sum, q.cfg),
+          nbytes=nbytes)
 
 
 def run_large(q: Quick, sizes: Sizes) -> None:

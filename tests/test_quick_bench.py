@@ -35,6 +35,8 @@ def test_every_section_and_row(tiny):
         assert ("quant", fmt) in labels and ("quant", f"{fmt} + transpose") in labels
     for fmt in quick.DECODE_FORMATS:
         assert ("decode", f"ours {fmt}") in labels
+    reads = [r for r in q.rows if r.label == "XLA read of the mxfp4 bytes"]  # the same-size read ceiling
+    assert [r.case for r in reads] == [f"{quick.TINY.decode_m[0]}x256x512"] and reads[0].nbytes > 0
     for fmt in quick.LARGE_MX:
         assert ("large", f"ours {fmt}") in labels and ("large", f"XLA dequant+dot {fmt}") in labels
     assert {r.case for r in q.rows if r.section == "decode"} == {f"{m}x256x512" for m in quick.TINY.decode_m}
