@@ -7,7 +7,7 @@ around the weight read:
   strip of the weight in (BLOCK_N, BLOCK_K) tiles whose rows are whole 16-byte vectors (fp4: BLOCK_K = 256
   codes = 128 bytes per row), pipelined `num_stages` deep, and all M activation rows (tiny, L2-resident).
 - The weight is decoded in registers. fp4 on NVIDIA: one inline-PTX sequence per 4 packed bytes (below),
-  two bit operations and two packed bf16 multiplies per pair of elements; the fp32 decode of `upcast.py`
+  three integer operations and two packed bf16 multiplies per pair of elements; the fp32 decode of `upcast.py`
   elsewhere (gfx950, fp6, fp8, and `config.asm_decode=False`).
 - Two compute variants (`config.fma`): (a) the swapped MMA — the weight tile is the dot's M side (64 rows
   fill one wgmma), the activations padded to BLOCK_M >= 16 rows its N side; (b) CUDA-core FMAs — a
@@ -90,27 +90,31 @@ def _fp4_pair_ptx(scaled: bool = True) -> str:
     with 4 groups per thread along the group axis (nvfp4, sizePerThread [1, 4, 1]), so each pair of
     elements takes its own scale pair. (Applying $5 to all four gave wrong nvfp4 results on an H100.)
 
-    prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart. For each half-word
-    the code's exponent and mantissa bits (e1 e0 m) drop into bf16 bits 8..6 and its sign into bit 15: a
-    normal code then reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m,
-    so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
-    bf16 fma keeps subnormals (no .ftz form exists).
+    prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart: nibble position p of
+    each half-word holds lo(b0), lo(b1) (p = 0), hi(b0), hi(b1) (1), lo(b2), lo(b3) (2), hi(b2), hi(b3) (3).
+    The word shifted left by 12 - 4p brings position p to bits 12..15 of each half-word, where the code's
+    sign already is bf16's sign bit; its exponent and mantissa bits (e1 e0 m), masked and shifted right by
+    6, land in bf16 bits 8..6 (one shift per position, then and/shr/and-or per pair: ptxas makes each pair
+    3 integer ops where shifting and masking sign and magnitude separately took 5). A normal code then
+    reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m, so one exact
+    multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale. bf16 fma keeps
+    subnormals (no .ftz form exists).
 
     scaled=False (the GEMV variant, which scales each group's dot product instead): $4 only, no scale
     multiply; the outputs are e2m1's exact values.
     """
     def pair(dst: str, shift: int, scale: str) -> str:
-        return (f"shr.b32 t, q, {shift};\n"
-                "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
-                "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
-                "or.b32 a, a, b;\n"
+        src = "q" if shift == 0 else "t"
+        return (("" if shift == 0 else f"shl.b32 t, q, {shift};\n")
+                + f"and.b32 a, {src}, 0x70007000;\n shr.b32 a, a, 6;\n"
+                f"and.b32 b, {src}, 0x80008000;\n or.b32 a, a, b;\n"
                 + (f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
                    else f"fma.rn.bf16x2 {dst}, a, k, z;\n"))
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
             f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
             "prmt.b32 q, $4, 0, 0x3120;\n"
-            + pair("$0", 0, "$5") + pair("$1", 8, "$6") + pair("$2", 4, "$5") + pair("$3", 12, "$6") + "}")
+            + pair("$3", 0, "$6") + pair("$1", 4, "$6") + pair("$2", 8, "$5") + pair("$0", 12, "$5") + "}")
 
 
 def _fp4_f32_ptx() -> str:
