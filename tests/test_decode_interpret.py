@@ -93,9 +93,9 @@ for fa, fb, m, split in (("bf16", "mxfp4", 1, 1), ("mxfp8", "mxfp4", 3, 3), ("bf
                                   num_warps=4, num_stages=2, split_k=split, gemv=True, prefetch=False,
                                   f16_decode=True)))
 # The MMA's two accumulator chains (config.mma_chains=2: each K tile as two half tiles, two dots): the PTX
-# fp4 decode (emulated) and the fp32 one, quantized activations, the ordered split-K, an mxfp8 weight.
+# fp4 decode (emulated) and the fp32 one, quantized activations, the ordered split-K, mxfp8 and fp6 weights.
 for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False, 3), ("mxfp8", "mxfp4", True, 3),
-                           ("bf16", "mxfp8", True, 1)):
+                           ("bf16", "mxfp8", True, 1), ("mxfp4", "mxfp6_e3m2", False, 1)):
     seed += 1
     CASES.append(dict(fa=fa, fb=fb, batch=[], m=5, n=150, k=700, seed=seed, a_gain=40.0, asm=asm,
                       out_dtype="float32",
