@@ -1,10 +1,11 @@
-"""SASS instructions per weight element in the decode GEMV's steady-state K loop (CPU only, no GPU).
+"""SASS instructions per weight element in the decode kernels' steady-state K loop (CPU only, no GPU).
 
     python -m benchmarks.sass_count                          # e2m1, nvfp4, e4m3 at M=1 and 4, tuned sm_90 configs
+    python -m benchmarks.sass_count --rows 16                # the swapped MMA (decode_kernel) at its tuned configs
     python -m benchmarks.sass_count --kind e2m1 --rows 1 --dump /tmp/loop.sass
-    python -m benchmarks.sass_count --set fast_decode=True   # a TileConfig field changed for every case
+    python -m benchmarks.sass_count --set f16_decode=True    # a TileConfig field changed for every case
 
-Cross-compiles `decode.gemv_kernel` for sm_90 (Triton's bundled ptxas), disassembles the cubin with the
+Cross-compiles dispatch's kernel for the case (`decode.gemv_kernel` or `decode.decode_kernel`) for sm_90 (Triton's bundled ptxas), disassembles the cubin with the
 bundled nvdisasm, and takes the largest loop (a label and the backward branch to it): the K loop. Each
 thread handles BLOCK_N * BLOCK_K / (32 * num_warps) weight elements per iteration, so the loop's
 instruction count over that is the issue cost per weight element and thread. On an H100 (132 SMs x 4
@@ -13,7 +14,10 @@ instructions x N x K / (132 * 4 * 32 * 1.755e9) -- the "issue us" column, for N=
 with the HBM time of the weight bytes (~3.2 TB/s read ceiling): where issue us exceeds it, the kernel is
 instruction-bound. "int pipe us" is the same for the integer pipes: 32-bit logic/shift/add ("alu pipe":
 LOP3, SHF, PRMT, LEA, IADD3, ...) and IMAD each run at half the issue rate on sm_90, so 2 x the larger of
-the two per-element counts bounds the time too.
+the two per-element counts bounds the time too. "smem us": the loop's shared-memory bytes (LDS/STS/LDSM,
+cp.async's writes, wgmma's shared operands) at 128 bytes per SM and clock. "grid us": the issue time of the
+busiest SM's warps at one instruction per scheduler and clock, where the grid leaves schedulers idle
+(224 programs of 2 warps = 4 warps per SM: one per scheduler, nothing to hide any latency with).
 """
 
 from __future__ import annotations
