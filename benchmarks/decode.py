@@ -4,6 +4,7 @@
     python -m benchmarks.decode --variants --time-budget 270   # greedy knob search per (format, M)
     python -m benchmarks.decode --quick       # N=7168, K=4096 only
     python -m benchmarks.decode --gemv-decode # the GEMV's fp4 decode variants vs the tuned config (~1-2 min)
+    python -m benchmarks.decode --mma16       # the MMA variants vs the tuned config at M = 8, 16 (~1-2 min)
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -391,11 +392,84 @@ def gemv_decode(torch, n=7168, k=4096):
         del ws
 
 
+# The swapped MMA's variants against dispatch's tuned sm_90 config at 5..16 rows (`--mma16`): label ->
+# changes (a callable of the tuned config where it depends on it). Static instruction counts per weight
+# element of each: `python -m benchmarks.sass_count --rows 16 --set mma_chains=2` (etc.).
+MMA16_VARIANTS = (
+    ("tuned", lambda c: {}),
+    ("2 chains", lambda c: dict(mma_chains=2)),  # two accumulators: shorter mma.sync dependency chains
+    ("split x2", lambda c: dict(split_k=2 * c.split_k)),  # twice the warps per SM, same tiles
+    ("2 chains split x2", lambda c: dict(mma_chains=2, split_k=2 * c.split_k)),
+    ("asm toggled", lambda c: dict(asm_decode=not c.asm_decode)),  # fp4 only
+    # fewest instructions per element for e2m1 / e4m3 (benchmarks.sass_count); split twice as often to keep
+    # the warps per SM (64-row tiles halve the programs)
+    ("n64 w2 split x2", lambda c: dict(block_n=64, num_warps=2, split_k=2 * c.split_k)),
+)
+
+
+def mma16(torch, n=7168, k=4096):
+    """Dispatch's tuned sm_90 MMA config (decode._SM90_TUNED[kind][1]) for M = 8, 16 against its variants
+    (MMA16_VARIANTS); each checked against the reference (fp32 output) before it is timed, beside XLA bf16
+    and a same-size read of each weight."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import GemmProblem
+
+    ceiling = read_ceiling_gbs(torch)
+    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
+          f"read ceiling {ceiling:.0f} GB/s\n")
+    print("| format | M | variant | config | us | GB/s | vs XLA bf16 | rel err (fp32 out) |")
+    print("|---|---|---|---|---|---|---|---|")
+    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    bf16_ws = _weights("bf16", n, k, 0)
+    xla_us = {}
+    for m in (8, 16):
+        x16 = _activation("bf16", m, k)
+        xla_us[m] = kernel_us(xla, [(x16, w) for w in bf16_ws], torch)
+        print(f"| bf16 | {m} | XLA bf16 | - | {xla_us[m]:.2f} | {_nbytes(bf16_ws[0]) / xla_us[m] / 1e3:.0f} | 1.00x | |",
+              flush=True)
+    del bf16_ws
+    for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8")):
+        ws = _weights(fb, n, k, 1)
+        nb = _nbytes(ws[0])
+        read_us = same_size_read_us(torch, n, nb)
+        print(f"| {fb} | - | same-size read | XLA row sum over {nb / 1e6:.1f} MB | {read_us:.2f} | "
+              f"{nb / read_us / 1e3:.0f} | | |", flush=True)
+        for m in (8, 16):
+            xa = _activation(fa, m, k)
+            p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
+            base = decode.default_config(p, "sm_90")
+            for label, changes in MMA16_VARIANTS:
+                if label == "asm toggled" and fb not in ("mxfp4", "nvfp4"):
+                    continue
+                cfg = base.replace(kernel="decode", **changes(base))  # the decode entry is opt-in on sm_90
+                try:
+                    decode.check_config(p, cfg)
+                except ValueError as e:
+                    print(f"| {fb} | {m} | {label} | not valid: {e} | | | | |")
+                    continue
+                desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
+                        f"{' asm' if cfg.asm_decode else ''}{' chains2' if cfg.mma_chains == 2 else ''}")
+                try:
+                    err = _checked(xa, ws[0], cfg)
+                    if not err < 1e-4:  # fp32 output: only the summation order differs (~1e-6)
+                        print(f"| {fb} | {m} | {label} | {desc} | WRONG | | | {err:.1e} |", flush=True)
+                        continue
+                    f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
+                    us = kernel_us(f, [(xa, w) for w in ws], torch)
+                except Exception as e:  # noqa: BLE001 - a config that fails to compile is a row, not a stop
+                    print(f"| {fb} | {m} | {label} | {desc} | failed: {type(e).__name__} | | | |", flush=True)
+                    continue
+                print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {nb / us / 1e3:.0f} | "
+                      f"{xla_us[m] / us:.2f}x | {err:.1e} |", flush=True)
+        del ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
+    ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
     if jax.default_backend() != "gpu":
@@ -403,6 +477,8 @@ def main(argv=None):
     torch = _torch()
     if args.gemv_decode:
         gemv_decode(torch)
+    elif args.mma16:
+        mma16(torch)
     elif args.variants:
         variants(torch, time_budget=args.time_budget)
     else:

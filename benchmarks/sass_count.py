@@ -1,10 +1,11 @@
-"""SASS instructions per weight element in the decode GEMV's steady-state K loop (CPU only, no GPU).
+"""SASS instructions per weight element in the decode kernels' steady-state K loop (CPU only, no GPU).
 
     python -m benchmarks.sass_count                          # e2m1, nvfp4, e4m3 at M=1 and 4, tuned sm_90 configs
+    python -m benchmarks.sass_count --rows 16                # the swapped MMA (decode_kernel) at its tuned configs
     python -m benchmarks.sass_count --kind e2m1 --rows 1 --dump /tmp/loop.sass
-    python -m benchmarks.sass_count --set fast_decode=True   # a TileConfig field changed for every case
+    python -m benchmarks.sass_count --set f16_decode=True    # a TileConfig field changed for every case
 
-Cross-compiles `decode.gemv_kernel` for sm_90 (Triton's bundled ptxas), disassembles the cubin with the
+Cross-compiles dispatch's kernel for the case (`decode.gemv_kernel` or `decode.decode_kernel`) for sm_90 (Triton's bundled ptxas), disassembles the cubin with the
 bundled nvdisasm, and takes the largest loop (a label and the backward branch to it): the K loop. Each
 thread handles BLOCK_N * BLOCK_K / (32 * num_warps) weight elements per iteration, so the loop's
 instruction count over that is the issue cost per weight element and thread. On an H100 (132 SMs x 4
@@ -13,7 +14,10 @@ instructions x N x K / (132 * 4 * 32 * 1.755e9) -- the "issue us" column, for N=
 with the HBM time of the weight bytes (~3.2 TB/s read ceiling): where issue us exceeds it, the kernel is
 instruction-bound. "int pipe us" is the same for the integer pipes: 32-bit logic/shift/add ("alu pipe":
 LOP3, SHF, PRMT, LEA, IADD3, ...) and IMAD each run at half the issue rate on sm_90, so 2 x the larger of
-the two per-element counts bounds the time too.
+the two per-element counts bounds the time too. "smem us": the loop's shared-memory bytes (LDS/STS/LDSM,
+cp.async's writes, wgmma's shared operands) at 128 bytes per SM and clock. "grid us": the issue time of the
+busiest SM's warps at one instruction per scheduler and clock, where the grid leaves schedulers idle
+(224 programs of 2 warps = 4 warps per SM: one per scheduler, nothing to hide any latency with).
 """
 
 from __future__ import annotations
@@ -37,7 +41,39 @@ CLASSES = {
     "MOV": "move", "IMNMX": "int alu",
     "LDG": "global load", "LDGSTS": "global load", "LDS": "shared load", "LDSM": "shared load", "STS": "shared store",
     "LDGDEPBAR": "sync", "DEPBAR": "sync", "BAR": "sync",
+    "HMMA": "mma", "HGMMA": "mma", "WARPGROUP": "sync",
+    "FSEL": "fp32 mul/add", "HADD2": "f16x2/bf16x2", "PLOP3": "int alu", "ISETP": "int alu",
 }
+# Shared-memory bytes one warp instruction moves (all 32 lanes), by opcode and width suffix.
+_WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+SMEM_BYTES_PER_CLOCK = 128  # per SM on sm_90 (32 banks x 4 bytes)
+
+
+def smem_bytes(line: str) -> float:
+    """Shared-memory bytes moved by one warp's instruction: LDS/STS/LDSM, cp.async's shared-memory write
+    (LDGSTS), and the smem operands of a wgmma (HGMMA.64xNxK: B, N x K bf16, and A, 64 x K, where it
+    reads a descriptor for it too), counted a quarter per warp since the 4 warps of a warpgroup each
+    issue it once for one MMA."""
+    m = _LINE.match(line)
+    if m is None or "@!PT" in line:
+        return 0.0
+    op = m.group(2)
+    parts = op.split(".")
+    base = parts[0]
+    if base in ("LDS", "STS", "LDGSTS"):
+        width = next((_WIDTH[p] for p in parts[1:] if p in _WIDTH), 4)
+        return 32.0 * width
+    if base == "LDSM":  # .16.M88.N / .MT88.N: N 8x8 matrices of 16-bit elements
+        n = int(parts[-1]) if parts[-1].isdigit() else 1
+        return 128.0 * n
+    if base == "HGMMA":
+        shape = re.search(r"HGMMA\.(\d+)x(\d+)x(\d+)", line)  # _LINE's opcode stops at the 'x'
+        elem = 1 if re.search(r"\.E[45]M[23]", line) else 2
+        mm, nn, kk = (int(g) for g in shape.groups())
+        descs = line.count("gdesc")
+        return ((nn * kk) + (mm * kk if descs >= 2 else 0)) * elem / 4.0
+    return 0.0
+
 _LINE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
@@ -54,21 +90,23 @@ def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
             "ws_ptr": "*fp32", "count_ptr": "*i32"}
 
 
-def compile_gemv(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
-    """(compiled kernel, TileConfig) of the GEMV for sm_90: dispatch's config with `changes` applied."""
+def compile_case(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
+    """(compiled kernel, TileConfig) for sm_90: dispatch's config with `changes` applied -- the GEMV
+    (`gemv_kernel`) or the MMA / FMA variant (`decode_kernel`), whichever the config names."""
     from jax_blockscale._triton import decode
     from jax_blockscale._triton.compile import compile_kernel
     from jax_blockscale._triton.problem import GemmProblem
 
     p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
     cfg = decode.default_config(p, "sm_90").replace(**changes)
-    if not cfg.gemv:
-        raise ValueError(f"{w_kind} with {rows} rows does not take the GEMV: {cfg}")
     decode.check_config(p, cfg)
-    consts = decode.gemv_constexprs(p, cfg, asm=cfg.asm_decode, wide=False)
-    compiled = compile_kernel(decode.gemv_kernel, target="sm_90", signature=_signature(w_kind, x_kind),
+    kernel, consts = decode.kernel_constexprs(p, cfg, asm=cfg.asm_decode, wide=False)
+    compiled = compile_kernel(kernel, target="sm_90", signature=_signature(w_kind, x_kind),
                               constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return compiled, cfg
+
+
+compile_gemv = compile_case  # the earlier name
 
 
 def disassemble(cubin: bytes) -> list[str]:
@@ -97,6 +135,7 @@ def largest_loop(lines: list[str]) -> list[str]:
 def classify(body: list[str]) -> collections.Counter:
     counts = collections.Counter()
     for line in body:
+        counts["smem bytes"] += smem_bytes(line)
         op = _LINE.match(line).group(2)
         base = op.split(".")[0]
         if base in ("@!PT", "NOP"):
@@ -112,19 +151,31 @@ def classify(body: list[str]) -> collections.Counter:
 
 
 def count(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes) -> dict:
-    compiled, cfg = compile_gemv(w_kind, x_kind, rows, n, k, **changes)
+    compiled, cfg = compile_case(w_kind, x_kind, rows, n, k, **changes)
     body = largest_loop(disassemble(compiled.asm["cubin"]))
     per_thread = cfg.block_n * cfg.block_k / (32 * cfg.num_warps)
     counts = classify(body)
-    per_elem = {c: v / per_thread for c, v in counts.items()}
+    per_elem = {c: v / per_thread for c, v in counts.items() if c != "smem bytes"}
     scale = n * k / (SM_COUNT * SCHEDULERS * LANES * CLOCK_HZ) * 1e6
     issue_us = per_elem["total"] * scale
     # 32-bit integer / logic ops run 16 lanes per clock and scheduler on sm_90 (CUDA guide's throughput
     # table, cc 9.0: 64 results per SM and clock vs 128 for fp32 FMA), IMAD on another such pipe: each warp
     # instruction holds its pipe two clocks.
     pipe_us = 2 * max(per_elem.get("alu pipe", 0), per_elem.get("imad", 0)) * scale
+    # Shared memory: the loop's bytes (all warps) per weight element, at 128 bytes per SM and clock.
+    smem_per_elem = counts["smem bytes"] * cfg.num_warps / (cfg.block_n * cfg.block_k)
+    smem_us = smem_per_elem * n * k / (SM_COUNT * SMEM_BYTES_PER_CLOCK * CLOCK_HZ) * 1e6
+    # The grid: the busiest SM runs ceil(programs / SMs) programs; when those have fewer warps than the
+    # SM's 4 schedulers, the idle schedulers' share of the issue bound is lost (one warp per scheduler
+    # also leaves every dependent instruction's latency exposed: a real kernel needs several).
+    programs = -(-n // cfg.block_n) * cfg.split_k
+    warps_per_sm = -(-programs // SM_COUNT) * cfg.num_warps
+    per_warp_instr = counts["total"] * (k // cfg.block_k) / cfg.split_k
+    grid_us = -(-warps_per_sm // SCHEDULERS) * per_warp_instr / CLOCK_HZ * 1e6
     return dict(kind=w_kind, rows=rows, config=cfg, elems_per_thread=per_thread, loop=counts, per_elem=per_elem,
-                issue_us=issue_us, pipe_us=pipe_us, bound_us=max(issue_us, pipe_us), body=body)
+                issue_us=issue_us, pipe_us=pipe_us, smem_per_elem=smem_per_elem, smem_us=smem_us,
+                warps_per_sm=warps_per_sm, grid_us=grid_us, bound_us=max(issue_us, pipe_us, smem_us, grid_us),
+                body=body)
 
 
 def _value(text: str):
@@ -141,20 +192,22 @@ def main(argv=None):
     changes = dict(s.split("=", 1) for s in args.set)
     changes = {key: _value(v) for key, v in changes.items()}
     classes = ["total", "alu pipe", "fp32 fma", "fp32 mul/add", "f16x2/bf16x2", "convert", "bit ops", "int alu", "imad",
-               "move",
-               "shared load", "global load", "sync", "other"]
-    print("| kind | M | config | elems/thread/iter | " + " | ".join(classes) + " | issue us | int pipe us |")
-    print("|---" * (len(classes) + 6) + "|")
+               "move", "mma", "shared load", "shared store", "global load", "sync", "other"]
+    print("| kind | M | config | elems/thread/iter | " + " | ".join(classes)
+          + " | smem B/elem | issue us | int pipe us | smem us | warps/SM | grid us |")
+    print("|---" * (len(classes) + 10) + "|")
     for kind in args.kind or ["e2m1", "nvfp4", "e4m3"]:
         for rows in args.rows or [1, 4]:
             r = count(kind, rows=rows, **changes)
             c = r["config"]
-            desc = (f"n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
-                    f"{' pf' if c.prefetch else ''}{' asm' if c.asm_decode else ''}"
-                    f"{' ' + c.gemv_decode if getattr(c, 'gemv_decode', 'default') != 'default' else ''}")
+            variant = "gemv" if c.gemv else "fma" if c.fma else "mma"
+            desc = (f"{variant} n{c.block_n} k{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+                    f"{' pf' if c.prefetch and c.gemv else ''}{' asm' if c.asm_decode else ''}"
+                    f"{' f16' if c.f16_decode and c.gemv else ''}")
             cells = " | ".join(f"{r['per_elem'].get(cl, 0):.2f}" for cl in classes)
-            print(f"| {kind} | {rows} | {desc} | {r['elems_per_thread']:.0f} | {cells} | {r['issue_us']:.1f} | {r['pipe_us']:.1f} |",
-                  flush=True)
+            print(f"| {kind} | {rows} | {desc} | {r['elems_per_thread']:.0f} | {cells} | {r['smem_per_elem']:.2f} | "
+                  f"{r['issue_us']:.1f} | {r['pipe_us']:.1f} | {r['smem_us']:.1f} | {r['warps_per_sm']} | "
+                  f"{r['grid_us']:.1f} |", flush=True)
             if args.dump:
                 with open(args.dump, "w") as f:
                     f.write("\n".join(r["body"]) + "\n")

@@ -50,7 +50,7 @@ def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
             "ws_ptr": "*fp32", "count_ptr": "*i32"}
 
 
-def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, **changes):
+def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, ttgir=False, **changes):
     p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
     cfg = decode.default_config(p, target)
     if cfg.gemv:  # few rows default to the GEMV (tested below); these tests take decode_kernel's FMA variant
@@ -58,12 +58,11 @@ def _compile(w_kind, x_kind, target, *, rows=7, n=1000, k=2048, **changes):
                           split_k=1, asm_decode=target.startswith("sm_"))
     cfg = cfg.replace(**changes)
     decode.check_config(p, cfg)
-    consts = dict(M=rows, N=n, K=k, W_KIND=w_kind, X_KIND=x_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FMA=cfg.fma, ATOMIC=cfg.atomic_split_k,
-                  ASM=cfg.asm_decode and target.startswith("sm_"), WIDE=False)
-    compiled = compile_kernel(decode.decode_kernel, target=target, signature=_signature(w_kind, x_kind),
+    kernel, consts = decode.kernel_constexprs(p, cfg, asm=cfg.asm_decode and target.startswith("sm_"), wide=False)
+    assert kernel is decode.decode_kernel
+    compiled = compile_kernel(kernel, target=target, signature=_signature(w_kind, x_kind),
                               constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return assembly(compiled)
+    return compiled if ttgir else assembly(compiled)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -170,6 +169,23 @@ def test_sm90_mma_variant_uses_bf16_wgmma(w_kind):
     assert ".ftz" not in asm  # subnormal codes and 2**-127 scales decode through subnormals
     if w_kind == "e2m1":  # (nvfp4's tuned MMA config decodes in fp32: asm_decode=False measured faster)
         assert "fma.rn.bf16x2" in asm and "prmt.b32" in asm  # the inline-PTX decode
+
+
+@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4", "e4m3"])
+def test_sm90_mma_chains_are_two_loop_carried_accumulators(w_kind):
+    """mma_chains=2: two dots per K tile into two accumulators carried by the K loop (not one dot folded
+    into the other's accumulator), so each warp has twice the independent MMA chains."""
+    def loop_dots(**changes):
+        ttgir = _compile(w_kind, "bf16", "sm_90", rows=16, ttgir=True, **changes).asm["ttgir"]
+        loop = ttgir[ttgir.index("scf.for"):]
+        loop = loop[:loop.index("scf.yield")]
+        # the accumulators (C operands) that the loop carries in: mma.sync's tt.dot, or wgmma's
+        # warp_group_dot (one per 16-wide K step, chained within the tile)
+        return {c for c in re.findall(r"(?:tt\.dot|ttng\.warp_group_dot) %\S+, %\S+, (%[\w#]+)", loop)
+                if c.startswith("%arg")}
+    assert len(loop_dots()) == 1 and len(loop_dots(mma_chains=2)) == 2
+    with pytest.raises(ValueError, match="mma_chains"):
+        _compile("block_fp8", "block_fp8", "sm_90", rows=16, mma_chains=2)
 
 
 @pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("block_fp8", "block_fp8"), ("e4m3", "bf16")])

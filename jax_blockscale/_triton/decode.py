@@ -7,7 +7,7 @@ around the weight read:
   strip of the weight in (BLOCK_N, BLOCK_K) tiles whose rows are whole 16-byte vectors (fp4: BLOCK_K = 256
   codes = 128 bytes per row), pipelined `num_stages` deep, and all M activation rows (tiny, L2-resident).
 - The weight is decoded in registers. fp4 on NVIDIA: one inline-PTX sequence per 4 packed bytes (below),
-  two bit operations and two packed bf16 multiplies per pair of elements; the fp32 decode of `upcast.py`
+  three integer operations and two packed bf16 multiplies per pair of elements; the fp32 decode of `upcast.py`
   elsewhere (gfx950, fp6, fp8, and `config.asm_decode=False`).
 - Two compute variants (`config.fma`): (a) the swapped MMA — the weight tile is the dot's M side (64 rows
   fill one wgmma), the activations padded to BLOCK_M >= 16 rows its N side; (b) CUDA-core FMAs — a
@@ -90,27 +90,31 @@ def _fp4_pair_ptx(scaled: bool = True) -> str:
     with 4 groups per thread along the group axis (nvfp4, sizePerThread [1, 4, 1]), so each pair of
     elements takes its own scale pair. (Applying $5 to all four gave wrong nvfp4 results on an H100.)
 
-    prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart. For each half-word
-    the code's exponent and mantissa bits (e1 e0 m) drop into bf16 bits 8..6 and its sign into bit 15: a
-    normal code then reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m,
-    so one exact multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale.
-    bf16 fma keeps subnormals (no .ftz form exists).
+    prmt reorders the bytes to [b0, b2, b1, b3] so that two bytes sit 16 bits apart: nibble position p of
+    each half-word holds lo(b0), lo(b1) (p = 0), hi(b0), hi(b1) (1), lo(b2), lo(b3) (2), hi(b2), hi(b3) (3).
+    The word shifted left by 12 - 4p brings position p to bits 12..15 of each half-word, where the code's
+    sign already is bf16's sign bit; its exponent and mantissa bits (e1 e0 m), masked and shifted right by
+    6, land in bf16 bits 8..6 (one shift per position, then and/shr/and-or per pair: ptxas makes each pair
+    3 integer ops where shifting and masking sign and magnitude separately took 5). A normal code then
+    reads 2**(e - 127) * 1.m and the subnormal one (e = 0) the bf16 subnormal 2**-126 * 0.m, so one exact
+    multiply by 2**126 gives e2m1's value (bias 1) for all of them, and a second the scale. bf16 fma keeps
+    subnormals (no .ftz form exists).
 
     scaled=False (the GEMV variant, which scales each group's dot product instead): $4 only, no scale
     multiply; the outputs are e2m1's exact values.
     """
     def pair(dst: str, shift: int, scale: str) -> str:
-        return (f"shr.b32 t, q, {shift};\n"
-                "and.b32 a, t, 0x00070007;\n shl.b32 a, a, 6;\n"
-                "and.b32 b, t, 0x00080008;\n shl.b32 b, b, 12;\n"
-                "or.b32 a, a, b;\n"
+        src = "q" if shift == 0 else "t"
+        return (("" if shift == 0 else f"shl.b32 t, q, {shift};\n")
+                + f"and.b32 a, {src}, 0x70007000;\n shr.b32 a, a, 6;\n"
+                f"and.b32 b, {src}, 0x80008000;\n or.b32 a, a, b;\n"
                 + (f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
                    else f"fma.rn.bf16x2 {dst}, a, k, z;\n"))
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
             f"mov.b32 k, {_BF16X2_2_126};\n mov.b32 z, {_BF16X2_NEG0};\n"
             "prmt.b32 q, $4, 0, 0x3120;\n"
-            + pair("$0", 0, "$5") + pair("$1", 8, "$6") + pair("$2", 4, "$5") + pair("$3", 12, "$6") + "}")
+            + pair("$3", 0, "$6") + pair("$1", 4, "$6") + pair("$2", 8, "$5") + pair("$0", 12, "$5") + "}")
 
 
 def _fp4_f32_ptx() -> str:
@@ -248,11 +252,17 @@ def decode_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, FMA: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr, WIDE: tl.constexpr,
+    CHAINS: tl.constexpr = 1,
 ):
     """out (M, N) = ts_a * ts_b * decode(x) (M, K) @ decode(w).T, w (N, K / epb) the weight.
 
     ws: the split-K workspace, (SPLIT_K, M, N) fp32 partials (deterministic) or a zeroed (M, N) fp32
     accumulator (ATOMIC); count: cdiv(N, BLOCK_N) zeroed int32 counters. Both unused when SPLIT_K == 1.
+
+    CHAINS == 2 (MMA, not block_fp8): each K tile is two half tiles, loaded and multiplied into two
+    accumulators. Triton folds `acc += dot(w, x)` into the MMA's accumulator, so one accumulator is one
+    dependency chain of BLOCK_K / 16 mma.sync per 16 x 8 output tile and K tile; with 16 activation rows
+    a warp has two such chains, and at 1-2 warps per scheduler (N = 7168) their latency is exposed.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -268,10 +278,16 @@ def decode_kernel(
     k_begin, k_end = k_tile_range(K_TILES, SPLIT_K, 1)  # split-K on grid axis 1
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # the second chain (CHAINS == 2); dead otherwise
+    SUB_K: tl.constexpr = BLOCK_K // CHAINS
     for kt in range(k_begin, k_end):
         k0 = kt * BLOCK_K
-        w = load_weight(w_ptr, w_scale_ptr, rows_w, k0, K, W_KIND, BLOCK_K, ASM)
-        x = load_activations(x_ptr, x_scale_ptr, rows_x, k0, K, X_KIND, BLOCK_K)
+        w = load_weight(w_ptr, w_scale_ptr, rows_w, k0, K, W_KIND, SUB_K, ASM)
+        x = load_activations(x_ptr, x_scale_ptr, rows_x, k0, K, X_KIND, SUB_K)
+        if CHAINS == 2:
+            w2 = load_weight(w_ptr, w_scale_ptr, rows_w, k0 + SUB_K, K, W_KIND, SUB_K, ASM)
+            x2 = load_activations(x_ptr, x_scale_ptr, rows_x, k0 + SUB_K, K, X_KIND, SUB_K)
+            acc2 += tl.dot(w2, tl.trans(x2), out_dtype=tl.float32)
         if FMA:
             part = tl.sum(w.to(tl.float32)[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)
         else:
@@ -287,6 +303,8 @@ def decode_kernel(
                 acc += part * w_s[:, None]
         else:
             acc += part
+    if CHAINS == 2:
+        acc += acc2
 
     store_or_reduce(acc, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, pid_n, pid_k, M, N,
                     SPLIT_K, ATOMIC)
@@ -579,6 +597,16 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("block_fp8 weights need block_k == 128 and block_n dividing 128 (or a multiple of it)")
     if config.split_k < 1 or config.split_k > p.k // config.block_k:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
+    if config.mma_chains not in (1, 2):
+        raise ValueError(f"mma_chains must be 1 or 2, got {config.mma_chains}")
+    if config.mma_chains == 2:
+        if config.fma or p.b_kind == BLOCK_FP8:
+            raise ValueError("mma_chains=2 needs the MMA variant and a weight kind other than block_fp8 (whose "
+                             "scale tile is the whole 128-wide K tile)")
+        half = config.block_k // 2
+        if half < 16 or any(half % g for g in groups):
+            raise ValueError(f"mma_chains=2 halves block_k ({config.block_k}): each half must be >= 16 and a "
+                             f"multiple of every scale block {sorted(groups)}")
 
 
 def gemv_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> dict:
@@ -587,6 +615,17 @@ def gemv_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
                 ATOMIC=config.atomic_split_k, WIDE=wide, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
                 ASM=asm, F16=bool(asm and config.f16_decode))
+
+
+def kernel_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> tuple:
+    """(kernel, constexprs) for `config`: gemv_kernel or decode_kernel (also used by
+    benchmarks/sass_count.py to compile either alone)."""
+    if config.gemv:
+        return gemv_kernel, gemv_constexprs(p, config, asm=asm, wide=wide)
+    return decode_kernel, dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
+                               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                               SPLIT_K=config.split_k, ATOMIC=config.atomic_split_k, WIDE=wide, FMA=config.fma,
+                               ASM=asm, CHAINS=config.mma_chains)
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
@@ -618,14 +657,8 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         ws_shape, zeroed = (split * rows * p.n,), (2,)
     wide = max(p.n * p.k, split * rows * p.n) >= _INT32_LIMIT
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
-    if config.gemv:
-        kernel, variant = gemv_kernel, "gemv"
-        constexprs = gemv_constexprs(p, config, asm=asm, wide=wide)
-    else:
-        kernel, variant = decode_kernel, "fma" if config.fma else "mma"
-        constexprs = dict(M=rows, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
-                          BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
-                          ATOMIC=config.atomic_split_k, WIDE=wide, FMA=config.fma, ASM=asm)
+    kernel, constexprs = kernel_constexprs(p, config, asm=asm, wide=wide)
+    variant = "gemv" if config.gemv else "fma" if config.fma else "mma"
     name = f"decode_{p.a_kind}_{p.b_kind}_{variant}"
     out, _, _ = jt.jax_triton().triton_call(
         b_values, b_scales, x_values, x_scales, a_ts, b_ts,
