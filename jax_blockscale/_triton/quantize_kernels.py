@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..formats import BlockFP8Format, Format, MXFormat, NVFP4Format
 
-__all__ = ["Side", "Plan", "plan", "quantize_kernel", "supported_side"]
+__all__ = ["Side", "Plan", "plan", "quantize_kernel", "supported_side", "default_cvt"]
 
 _F32_MIN_NORMAL = 2.0**-126
 
@@ -74,6 +74,76 @@ def _encode_signed(bits, sign, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_B
     SMALLEST_NORMAL: tl.constexpr = (MIN_EXP + 127) << 23
     magnitude = tl.where(m < SMALLEST_NORMAL, sub, normal).to(tl.uint8)
     return magnitude | (sign << (NBITS - 1))
+
+
+def _fp8_cvt_ptx(mbits: int) -> str:
+    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 float32 values in $1..$4 and 4 float32 sign sources in
+    $5..$8 -> 4 codes of e4m3 (mbits 3) or e5m2 (mbits 2) in $0 (element i in byte i), equal to `_encode`'s
+    (`elements.encode`) with the sign taken from the sign source, as `_encode_signed`.
+
+    cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89+) rounds two float32 values to nearest even and saturates
+    finite overflow to +-max_normal, the encoder's rounding (a float32 subnormal rounds to a signed zero
+    either way, flushed or not). It differs in two places, both fixed on the 4 packed codes at once (SWAR):
+    - NaN gives a NaN code (PTX: "NaN in the destination format"; e4m3fn's only NaN magnitude is 0x7F, e5m2's
+      are 0x7D..0x7F), and Inf, per PTX +-max_normal, could only give a magnitude above it too (e4m3fn has
+      no Inf, e5m2's is 0x7C): `_encode` clips both to max_normal (NaN patterns lie above +Inf's). So every
+      magnitude above max_normal's code becomes max_normal's code, whatever the hardware's NaN byte is.
+    - The sign: the encoder's is the sign source's bit 31 (the value's own, or the quotient path's q0, whose
+      sign survives where q is a zero of the other sign); a NaN code's sign bit is unspecified. So the codes'
+      sign bits are dropped and the sources' bit 31 gathered in their place (3 prmt).
+    ~11 integer ops and 2 conversions per 4 elements, against ~9 integer ops per element in `_encode`."""
+    max_code = 0x7E if mbits == 3 else 0x7B
+    bad = 0x80 - (max_code + 1)  # added to a magnitude byte, sets its bit 7 iff the magnitude > max_code
+    kind = "e4m3x2" if mbits == 3 else "e5m2x2"
+    return ("{\n.reg .b16 lo, hi;\n.reg .b32 w, s, u, t, n, m;\n"
+            # the second operand lands in the low byte: elements 0, 1 in lo, 2, 3 in hi
+            f"cvt.rn.satfinite.{kind}.f32 lo, $2, $1;\n"
+            f"cvt.rn.satfinite.{kind}.f32 hi, $4, $3;\n"
+            "mov.b32 w, {lo, hi};\n"
+            # the sign sources' top bytes into bytes 0..3 of s (byte 3 of $5, $6 -> bytes 0, 1; of $7, $8 -> 2, 3)
+            "prmt.b32 s, $5, $6, 0x0073;\n"
+            "prmt.b32 u, $7, $8, 0x0073;\n"
+            "prmt.b32 s, s, u, 0x5410;\n"
+            "and.b32 s, s, 0x80808080;\n"
+            "and.b32 t, w, 0x7F7F7F7F;\n"
+            f"add.u32 n, t, {bad * 0x01010101:#x};\n"   # no carry leaves a byte: magnitudes are <= 0x7F
+            "and.b32 n, n, 0x80808080;\n"
+            "shr.b32 m, n, 7;\n"
+            "sub.u32 m, n, m;\n"                        # 0x7F in the bytes above max_code, else 0
+            f"xor.b32 u, t, {max_code * 0x01010101:#x};\n"
+            "and.b32 u, u, m;\n"
+            "xor.b32 t, t, u;\n"                        # those bytes := max_code
+            "or.b32 $0, t, s;\n}")
+
+
+_E4M3_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(3))
+_E5M2_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(2))
+
+
+@triton.jit
+def _encode_hw(x, sign_src, MBITS: tl.constexpr):
+    """`_encode_signed(x's bits, sign_src's sign bit)` for the 8-bit element types (e4m3: MBITS 3, e5m2:
+    MBITS 2) through the hardware conversion (`_fp8_cvt_ptx`), NVIDIA sm_89+ only."""
+    if MBITS == 3:
+        codes = tl.inline_asm_elementwise(_E4M3_CVT_PTX, "=r,r,r,r,r,r,r,r,r", [x, sign_src], dtype=tl.uint8,
+                                          is_pure=True, pack=4)
+    else:
+        codes = tl.inline_asm_elementwise(_E5M2_CVT_PTX, "=r,r,r,r,r,r,r,r,r", [x, sign_src], dtype=tl.uint8,
+                                          is_pure=True, pack=4)
+    return codes
+
+
+@triton.jit
+def _encode_elements(x, sign_src, CVT: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
+                     MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+    """Element codes of float32 x with sign_src's signs: the hardware conversion where the plan asks for it
+    (CVT == "hw") and the element is 8-bit, else the integer encoder."""
+    if CVT == "hw" and NBITS == 8:
+        codes = _encode_hw(x, sign_src, MBITS)
+    else:
+        codes = _encode_signed(x.to(tl.uint32, bitcast=True), sign_src.to(tl.uint32, bitcast=True) >> 31,
+                               MBITS, MIN_EXP, MAX_BITS, NBITS)
+    return codes
 
 
 @triton.jit
@@ -171,15 +241,20 @@ def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
 
 @triton.jit
 def _quotient_codes(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr, MBITS: tl.constexpr,
-                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr, CVT: tl.constexpr):
     """Codes of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`."""
     x_s = x4 * _spread(c, TH, TW)
     ys = _spread(y, TH, TW)
     q0 = x_s * ys
     r = tl.fma(-q0, _spread(d_s, TH, TW), x_s)
     q = tl.fma(r, ys, q0)
-    sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
-    return _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
+    if CVT == "hw" and NBITS == 8:
+        # 8-bit elements are fp8_block's, whose mask keeps every sign (no zero-divisor zeroing): q0's sign
+        codes = _encode_hw(q, q0, MBITS)
+    else:
+        sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
+        codes = _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
+    return codes
 
 
 @triton.jit
@@ -228,11 +303,12 @@ def _block_amax(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.
 def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                      BR: tl.constexpr, BC: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
                      MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
-                     DIV: tl.constexpr):
+                     DIV: tl.constexpr, CVT: tl.constexpr):
     """Codes (BR, BC) uint8 and per-block scales (BR // TH, BC // TW) of one side.
 
     Scales come back as stored: uint8 e8m0 (MX), uint8 e4m3 codes (nvfp4), float32 (fp8 blocks). DIV: how
-    nvfp4 / fp8 form the element quotients, "f32" or "f64" (bit-identical; see `_quotient_parts`)."""
+    nvfp4 / fp8 form the element quotients, "f32" or "f64" (bit-identical; see `_quotient_parts`). CVT: how
+    8-bit element codes are formed, "hw" (the sm_89+ conversion, `_fp8_cvt_ptx`) or "int" (`_encode`)."""
     amax_bits, amax = _block_amax(x, TH, TW, BR, BC)
     bad = amax_bits >= 0x7F800000
     x4 = _blocked(x, TH, TW, BR, BC)
@@ -251,12 +327,12 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale_code
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(denom.to(tl.float32), True)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
         else:
             recip = 1.0 / denom
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
             scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
-            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     elif KIND == "fp8":
         # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
         # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
@@ -265,11 +341,11 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale64.to(tl.float32)
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(scales, False)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
         else:
             recip = 1.0 / scale64
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
-            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     else:
         # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
         e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
@@ -278,7 +354,7 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         factor = _exp2_bits(-tl.minimum(e, 126))
         scaled = x4 * _spread(factor, TH, TW)
         scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
-        codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     return tl.reshape(codes, (BR, BC)), scales
 
 
@@ -320,7 +396,7 @@ def quantize_kernel(
     C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr, C_TW: tl.constexpr,
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
-    COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64",
+    COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64", CVT: tl.constexpr = "int",
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
@@ -339,7 +415,7 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     if R_KIND != "none":
         codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS, R_MIN_EXP,
-                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV)
+                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
     if C_KIND != "none":
@@ -351,11 +427,11 @@ def quantize_kernel(
             # Quantize down x's columns where x lies, then transpose only the 1-byte codes (and the scales)
             # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
             c_codes, c_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
-                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
+                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
             c_codes, c_scales = tl.trans(c_codes), tl.trans(c_scales)
         else:  # "trans": quantize x^T row-wise (one float32 transpose of the tile through shared memory)
             c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
-                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
+                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
         _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
                     C_EPB, BC, BR, C_TW, C_TH)
 
@@ -467,10 +543,17 @@ def _default_tile(row: Side, col: Side, heights: list[int], widths: list[int]) -
 
 
 DIVS = ("f32", "f64")
+CVTS = ("hw", "int")
+
+
+def default_cvt(compute_capability: Optional[int]) -> str:
+    """"hw" on NVIDIA targets with the fp8 conversion (sm_89+), else "int" (AMD's gfx950 and older NVIDIA)."""
+    return "hw" if compute_capability is not None and compute_capability >= 89 else "int"
 
 
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
-         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64") -> Plan:
+         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64",
+         cvt: str = "int") -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
     col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
@@ -478,9 +561,16 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
     quantizer: 2 conversions per element) or "f32" (float32 operations and one more integer op per element,
     see `_quotient_parts`). "f64" stays the default until an H100 run of benchmarks/quant_variants.py
     --divs f64,f32 shows "f32" faster: benchmarks/sass_quant.py's static estimate puts both cases' bound on
-    the integer pipe, which "f32" does not relieve."""
+    the integer pipe, which "f32" does not relieve.
+
+    cvt picks how e4m3 / e5m2 element codes are formed, bit-identically: "int" (`_encode`, integer ops on
+    the float32 bits: every target) or "hw" (the cvt.rn.satfinite fp8 conversion plus a fix-up, NVIDIA
+    sm_89+ only: `_fp8_cvt_ptx`); fp4 / fp6 elements always take "int". The plan does not know the target:
+    the primitive passes `default_cvt(compute_capability)`."""
     if div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
+    if cvt not in CVTS:
+        raise ValueError(f"cvt must be one of {CVTS}, got {cvt!r}")
     for side in (row, col):
         why = supported_side(side.fmt)
         if why:
@@ -503,7 +593,7 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         # elements (8 was 1.4-1.7x slower there), 8 for row-only 64 x 128 (1x128: 74 us vs 84 with 4)
         small = 4096 if col.fmt is None else 8192
         num_warps = 4 if elements <= small else 8 if elements <= 128 * 128 else 16
-    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div,
+    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div, CVT=cvt,
               **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
