@@ -69,6 +69,14 @@ CASES += [
 CASES += [dict(c, div="f64", seed=c["seed"] + 1000) for c in CASES
           if any(side and side[0] in ("nvfp4", "fp8_block") for side in (c["row"], c["col"]))]
 
+# The hardware fp8 encoder (plan cvt="hw": cvt.rn.satfinite + fix-up, emulated by tests/_ptx_emulator.py) on
+# every case with an e4m3 / e5m2 side: MX (each rounding), fp8_block through both quotient paths, each
+# column mode; fp4 / fp6 sides beside them keep the integer encoder. Inputs hold NaN, +-Inf, saturating
+# values and signed zeros (tests/_quant_inputs.py).
+_FP8 = ("mxfp8", "mxfp8_e5m2", "fp8_block")
+CASES += [dict(c, cvt="hw", seed=c["seed"] + 2000) for c in CASES
+          if any(side and side[0] in _FP8 for side in (c["row"], c["col"]))]
+
 
 @pytest.fixture(scope="module")
 def results():
@@ -83,7 +91,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
-                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-cvt_' + c['cvt'] if 'cvt' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]
