@@ -76,7 +76,7 @@ _RULES = [
     ("local", lambda op, full: op in ("LDL", "STL")),
     ("shfl", lambda op, full: op == "SHFL"),
     ("bar", lambda op, full: op in ("BAR",)),
-    ("int", lambda op, full: op in ("LOP3", "SHF", "IADD3", "ISETP", "SEL", "PRMT", "LEA", "VIMNMX", "VIMNMX3",
+    ("int", lambda op, full: op in ("LOP3", "SHF", "IADD3", "VIADD", "ISETP", "SEL", "PRMT", "LEA", "VIMNMX", "VIMNMX3",
                                      "SGXT", "MOV", "FSEL", "FSETP", "FMNMX", "PLOP3", "IABS", "BMSK", "LOP",
                                      "IMNMX", "FCHK", "POPC", "FLO", "BREV", "ISCADD", "P2R", "R2P", "CS2R",
                                      "LEA.HI", "IADD", "SHL", "SHR", "HMNMX2", "HSETP2", "IDP", "BFE", "BFI")),
@@ -173,30 +173,32 @@ def analyse(label: str, plan: qk.Plan, text: str) -> dict:
 def report(results: list[dict], top: int) -> str:
     classes = [c for c in RATES if any(r["counts"].get(c) for r in results)]
     lines = ["Per input element (lane-instructions / element), main path; slow-path instructions apart.", ""]
-    head = "| case | div | cvt | tile | warps | " + " | ".join(classes) + " | total | slow path |"
+    head = "| case | div | cvt | words | tile | warps | " + " | ".join(classes) + " | total | slow path |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         p = r["plan"]
         pe = r["per_element"]
         lines.append(f"| {r['label']} | {p.constexprs.get('DIV', '-')} | {p.constexprs.get('CVT', '-')} | "
-                     f"{p.constexprs['BR']}x{p.constexprs['BC']} | "
+                     f"{int(p.constexprs.get('T_WORDS', 0))} | {p.constexprs['BR']}x{p.constexprs['BC']} | "
                      f"{p.num_warps} | " + " | ".join(f"{pe.get(c, 0):.2f}" for c in classes) +
                      f" | {sum(pe.values()):.2f} | {sum(r['slow'].values())} |")
     lines += ["", "Pipe-bound time (us) for bf16 8192x8192 on an H100 (132 SMs, 1.755 GHz); dram at the x*2 rate.", ""]
     tcls = ["dram", "issue"] + [c for c in RATES if any(c in r["time_us"] for r in results)] + ["smem"]
     tcls = list(dict.fromkeys(tcls))
-    head = "| case | div | cvt | " + " | ".join(tcls) + " | bound |"
+    head = "| case | div | cvt | words | " + " | ".join(tcls) + " | bound |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         t = r["time_us"]
-        lines.append(f"| {r['label']} | {r['plan'].constexprs.get('DIV', '-')} | {r['plan'].constexprs.get('CVT', '-')} | " +
+        lines.append(f"| {r['label']} | {r['plan'].constexprs.get('DIV', '-')} | {r['plan'].constexprs.get('CVT', '-')} | "
+                     f"{int(r['plan'].constexprs.get('T_WORDS', 0))} | " +
                      " | ".join(f"{t.get(c, 0):.1f}" for c in tcls) + f" | {r['bound']} {t[r['bound']]:.1f} |")
     if top:
         lines += ["", f"Most frequent opcodes (static count, main path, top {top}):"]
         for r in results:
             ops = ", ".join(f"{op} {n}" for op, n in r["by_op"].most_common(top))
             lines.append(f"- {r['label']} ({r['plan'].constexprs.get('DIV', '-')}, "
-                         f"{r['plan'].constexprs.get('CVT', '-')}): {ops}")
+                         f"{r['plan'].constexprs.get('CVT', '-')}, "
+                         f"words {int(r['plan'].constexprs.get('T_WORDS', 0))}): {ops}")
     return "\n".join(lines)
 
 
@@ -205,21 +207,26 @@ def main() -> None:
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--div", default="", help="comma-separated quotient paths (plan's div=), default: the plan's")
     ap.add_argument("--cvt", default="", help="comma-separated fp8 encoders (plan's cvt=), default: the plan's")
+    ap.add_argument("--t-words", default="", help="comma-separated 0/1: column codes transposed as words (plan's "
+                    "t_words=), default: the plan's")
     ap.add_argument("--top", type=int, default=12, help="list this many most frequent opcodes per case")
     ap.add_argument("--dump", default="", help="write the SASS of the (last) case to this file")
     args = ap.parse_args()
     divs = [d for d in args.div.split(",") if d] or [None]
     cvts = [c for c in args.cvt.split(",") if c] or [None]
+    t_words = [bool(int(w)) for w in args.t_words.split(",") if w] or [None]
     results = []
     for label in args.cases.split(","):
-        for div, cvt in itertools.product(divs, cvts):
-            overrides = {k: v for k, v in (("div", div), ("cvt", cvt)) if v is not None}
+        for div, cvt, words in itertools.product(divs, cvts, t_words):
+            overrides = {k: v for k, v in (("div", div), ("cvt", cvt), ("t_words", words)) if v is not None}
+            if words and CASES[label][1] is None:
+                continue
             plan = case_plan(label, **overrides)
             text = sass(compile_case(label, plan))
             if args.dump:
                 pathlib.Path(args.dump).write_text(text)
             results.append(analyse(label, plan, text))
-            print(f"compiled {label} div={div} cvt={cvt}", flush=True)
+            print(f"compiled {label} div={div} cvt={cvt} t_words={words}", flush=True)
     print(report(results, args.top))
 
 

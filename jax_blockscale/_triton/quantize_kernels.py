@@ -365,6 +365,69 @@ def _pack_pairs(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
     return lo | (hi << 4)
 
 
+# Transposing 1-byte codes through shared memory: Triton's tl.trans + layout conversion of a uint8 tile
+# writes and reads single bytes (STS.U8 / LDS.U8, up to 64 per thread for fp8 1x128 + transpose on sm_90,
+# with bank conflicts). Instead (plan's t_words): 4 codes adjacent along C, which one thread holds after the
+# load, go into one uint32 (no data movement), the uint32 tile is transposed (32-bit shared-memory
+# accesses, a quarter of the count), and each thread then holds, for 4 consecutive R, words of 4 consecutive
+# C: a 4 x 4 byte transpose in registers (8 prmt per 16 codes) gives, per column c, one word of 4 codes
+# consecutive along R, the transposed layout's byte order, stored as uint32.
+_BYTE_TRANSPOSE_PTX = tl.constexpr(
+    "{\n.reg .b32 a, b, c, d;\n"
+    "prmt.b32 a, $4, $5, 0x5140;\n"   # [v0.b0, v1.b0, v0.b1, v1.b1]
+    "prmt.b32 b, $6, $7, 0x5140;\n"   # [v2.b0, v3.b0, v2.b1, v3.b1]
+    "prmt.b32 c, $4, $5, 0x7362;\n"   # [v0.b2, v1.b2, v0.b3, v1.b3]
+    "prmt.b32 d, $6, $7, 0x7362;\n"   # [v2.b2, v3.b2, v2.b3, v3.b3]
+    "prmt.b32 $0, a, b, 0x5410;\n"    # byte 0 of v0..v3
+    "prmt.b32 $1, a, b, 0x7632;\n"    # byte 1
+    "prmt.b32 $2, c, d, 0x5410;\n"    # byte 2
+    "prmt.b32 $3, c, d, 0x7632;\n}")  # byte 3
+
+
+@triton.jit
+def _split4(v, D0: tl.constexpr, D1: tl.constexpr):
+    """(D0, D1 * 4) -> the 4 (D0, D1) slices v[:, 4 i + j], j = 0..3 (two in-register splits)."""
+    a, b = tl.split(tl.reshape(v, (D0, D1, 2, 2)))  # a: j = 0, 2; b: j = 1, 3
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _store_values_t_words(codes, v_ptr, batch, r0, c0, OUTER: tl.constexpr, INNER: tl.constexpr,
+                          BR: tl.constexpr, BC: tl.constexpr):
+    """Stores the (BR, BC) 1-byte codes of x's tile transposed, as values (OUTER, INNER) row-major per batch
+    (OUTER = C, INNER = padded R, both multiples of 4 with r0, c0): see `_BYTE_TRANSPOSE_PTX`."""
+    c0_, c1_, c2_, c3_ = _split4(codes, BR, BC // 4)
+    words = (c0_.to(tl.uint32) | (c1_.to(tl.uint32) << 8) | (c2_.to(tl.uint32) << 16)
+             | (c3_.to(tl.uint32) << 24))                   # (BR, BC // 4): [r, q] = codes (r, 4q..4q+3)
+    wt = tl.trans(words)                                    # (BC // 4, BR)
+    v0, v1, v2, v3 = _split4(wt, BC // 4, BR // 4)          # [q, p] = codes (4p + i, 4q..4q+3), i = 0..3
+    o0, o1, o2, o3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_PTX, "=r,=r,=r,=r,r,r,r,r", [v0, v1, v2, v3],
+                                               dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True,
+                                               pack=1)  # o_j[q, p] = codes (4p..4p+3, 4q + j)
+    W: tl.constexpr = INNER // 4
+    w_ptr = v_ptr.to(tl.pointer_type(tl.uint32)) + batch * (OUTER * W)
+    rows = c0 + 4 * tl.arange(0, BC // 4)
+    cols = r0 // 4 + tl.arange(0, BR // 4)
+    base = rows[:, None].to(tl.int64) * W + cols[None, :]
+    ok = cols[None, :] < W
+    tl.store(w_ptr + base, o0, mask=ok & (rows[:, None] < OUTER))
+    tl.store(w_ptr + base + W, o1, mask=ok & (rows[:, None] + 1 < OUTER))
+    tl.store(w_ptr + base + 2 * W, o2, mask=ok & (rows[:, None] + 2 < OUTER))
+    tl.store(w_ptr + base + 3 * W, o3, mask=ok & (rows[:, None] + 3 < OUTER))
+
+
+@triton.jit
+def _store_scales(scales, s_ptr, batch, r0, c0, B_OUTER: tl.constexpr, B_INNER: tl.constexpr,
+                  S_OUTER: tl.constexpr, S_INNER: tl.constexpr, TO: tl.constexpr, TI: tl.constexpr):
+    """Scales (B_OUTER // TO, B_INNER // TI) of a side oriented as (B_OUTER, B_INNER) into (S_OUTER, S_INNER)."""
+    so = r0 // TO + tl.arange(0, B_OUTER // TO)
+    si = c0 // TI + tl.arange(0, B_INNER // TI)
+    s_ptrs = s_ptr + batch * (S_OUTER * S_INNER) + so[:, None].to(tl.int64) * S_INNER + si[None, :]
+    tl.store(s_ptrs, scales, mask=(so[:, None] < S_OUTER) & (si[None, :] < S_INNER))
+
+
 @triton.jit
 def _store_side(codes, scales, v_ptr, s_ptr, batch, r0, c0, OUTER: tl.constexpr, INNER: tl.constexpr,
                 S_OUTER: tl.constexpr, S_INNER: tl.constexpr, EPB: tl.constexpr, B_OUTER: tl.constexpr,
@@ -378,10 +441,7 @@ def _store_side(codes, scales, v_ptr, s_ptr, batch, r0, c0, OUTER: tl.constexpr,
     offs_i = c0 // EPB + tl.arange(0, B_INNER // EPB)
     v_ptrs = v_ptr + batch * (OUTER * (INNER // EPB)) + offs_o[:, None].to(tl.int64) * (INNER // EPB) + offs_i[None, :]
     tl.store(v_ptrs, codes, mask=(offs_o[:, None] < OUTER) & (offs_i[None, :] < INNER // EPB))
-    so = r0 // TO + tl.arange(0, B_OUTER // TO)
-    si = c0 // TI + tl.arange(0, B_INNER // TI)
-    s_ptrs = s_ptr + batch * (S_OUTER * S_INNER) + so[:, None].to(tl.int64) * S_INNER + si[None, :]
-    tl.store(s_ptrs, scales, mask=(so[:, None] < S_OUTER) & (si[None, :] < S_INNER))
+    _store_scales(scales, s_ptr, batch, r0, c0, B_OUTER, B_INNER, S_OUTER, S_INNER, TO, TI)
 
 
 @triton.jit
@@ -397,6 +457,7 @@ def quantize_kernel(
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
     COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64", CVT: tl.constexpr = "int",
+    T_WORDS: tl.constexpr = False,
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
@@ -418,7 +479,18 @@ def quantize_kernel(
                                          R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
-    if C_KIND != "none":
+    if C_KIND != "none" and COL_MODE != "trans" and T_WORDS:
+        # Column codes in x's layout, transposed as words on the way to the store (`_store_values_t_words`).
+        if COL_MODE == "reuse":
+            xc_codes, xc_scales = codes, scales
+        else:
+            xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
+                                                   C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV,
+                                                   CVT)
+        _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC)
+        _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW), C_RQ // C_TH,
+                      C_TW, C_TH)
+    elif C_KIND != "none":
         if COL_MODE == "reuse":
             # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
             # side's, so its codes and scales are the row side's transposed (uint8 / one per tile).
@@ -553,7 +625,7 @@ def default_cvt(compute_capability: Optional[int]) -> str:
 
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
          tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64",
-         cvt: str = "int") -> Plan:
+         cvt: str = "int", t_words: Optional[bool] = None) -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
     col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
@@ -566,7 +638,11 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
     cvt picks how e4m3 / e5m2 element codes are formed, bit-identically: "int" (`_encode`, integer ops on
     the float32 bits: every target) or "hw" (the cvt.rn.satfinite fp8 conversion plus a fix-up, NVIDIA
     sm_89+ only: `_fp8_cvt_ptx`); fp4 / fp6 elements always take "int". The plan does not know the target:
-    the primitive passes `default_cvt(compute_capability)`."""
+    the primitive passes `default_cvt(compute_capability)`.
+
+    t_words: the column side's 1-byte codes go through shared memory as uint32 words
+    (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
+    codes (not fp4), default where it applies."""
     if div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
     if cvt not in CVTS:
@@ -593,7 +669,14 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         # elements (8 was 1.4-1.7x slower there), 8 for row-only 64 x 128 (1x128: 74 us vs 84 with 4)
         small = 4096 if col.fmt is None else 8192
         num_warps = 4 if elements <= small else 8 if elements <= 128 * 128 else 16
+    words_apply = (col.fmt is not None and col_mode != "trans" and col.fmt.elements_per_byte == 1
+                   and br % 4 == 0 and bc % 4 == 0 and _side_constexprs("C_", col, r)["C_RQ"] % 4 == 0)
+    if t_words is None:
+        t_words = words_apply
+    if t_words and not words_apply:
+        raise ValueError("t_words applies to 'direct' / 'reuse' column sides with 1-byte codes only")
     ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div, CVT=cvt,
+              T_WORDS=t_words,
               **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
