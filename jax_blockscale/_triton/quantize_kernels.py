@@ -394,18 +394,32 @@ def _split4(v, D0: tl.constexpr, D1: tl.constexpr):
 
 
 @triton.jit
+def _byte_of_each(v0, v1, v2, v3, SHIFT: tl.constexpr):
+    """Byte SHIFT / 8 of v0..v3 as bytes 0..3 of one word (ptxas makes byte permutes of it)."""
+    return (((v0 >> SHIFT) & 0xFF) | (((v1 >> SHIFT) & 0xFF) << 8) | (((v2 >> SHIFT) & 0xFF) << 16)
+            | (((v3 >> SHIFT) & 0xFF) << 24))
+
+
+@triton.jit
 def _store_values_t_words(codes, v_ptr, batch, r0, c0, OUTER: tl.constexpr, INNER: tl.constexpr,
-                          BR: tl.constexpr, BC: tl.constexpr):
+                          BR: tl.constexpr, BC: tl.constexpr, PTX: tl.constexpr):
     """Stores the (BR, BC) 1-byte codes of x's tile transposed, as values (OUTER, INNER) row-major per batch
-    (OUTER = C, INNER = padded R, both multiples of 4 with r0, c0): see `_BYTE_TRANSPOSE_PTX`."""
+    (OUTER = C, INNER = padded R, both multiples of 4 with r0, c0): see `_BYTE_TRANSPOSE_PTX`. PTX: NVIDIA
+    inline assembly allowed (the plan's cvt "hw")."""
     c0_, c1_, c2_, c3_ = _split4(codes, BR, BC // 4)
     words = (c0_.to(tl.uint32) | (c1_.to(tl.uint32) << 8) | (c2_.to(tl.uint32) << 16)
              | (c3_.to(tl.uint32) << 24))                   # (BR, BC // 4): [r, q] = codes (r, 4q..4q+3)
     wt = tl.trans(words)                                    # (BC // 4, BR)
     v0, v1, v2, v3 = _split4(wt, BC // 4, BR // 4)          # [q, p] = codes (4p + i, 4q..4q+3), i = 0..3
-    o0, o1, o2, o3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_PTX, "=r,=r,=r,=r,r,r,r,r", [v0, v1, v2, v3],
-                                               dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True,
-                                               pack=1)  # o_j[q, p] = codes (4p..4p+3, 4q + j)
+    if PTX:  # 8 prmt per 16 codes; the shift / mask form below costs ~1 integer op per element more on sm_90
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_PTX, "=r,=r,=r,=r,r,r,r,r", [v0, v1, v2, v3],
+                                                   dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+                                                   is_pure=True, pack=1)  # o_j[q, p] = codes (4p..4p+3, 4q + j)
+    else:  # any target (gfx950)
+        o0 = _byte_of_each(v0, v1, v2, v3, 0)
+        o1 = _byte_of_each(v0, v1, v2, v3, 8)
+        o2 = _byte_of_each(v0, v1, v2, v3, 16)
+        o3 = _byte_of_each(v0, v1, v2, v3, 24)
     W: tl.constexpr = INNER // 4
     w_ptr = v_ptr.to(tl.pointer_type(tl.uint32)) + batch * (OUTER * W)
     rows = c0 + 4 * tl.arange(0, BC // 4)
@@ -487,7 +501,7 @@ def quantize_kernel(
             xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
                                                    C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV,
                                                    CVT)
-        _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC)
+        _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
         _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW), C_RQ // C_TH,
                       C_TW, C_TH)
     elif C_KIND != "none":
@@ -638,7 +652,8 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
     cvt picks how e4m3 / e5m2 element codes are formed, bit-identically: "int" (`_encode`, integer ops on
     the float32 bits: every target) or "hw" (the cvt.rn.satfinite fp8 conversion plus a fix-up, NVIDIA
     sm_89+ only: `_fp8_cvt_ptx`); fp4 / fp6 elements always take "int". The plan does not know the target:
-    the primitive passes `default_cvt(compute_capability)`.
+    the primitive passes `default_cvt(compute_capability)`. "hw" also lets the word transpose (t_words) use
+    prmt; "int" emits no inline PTX at all (gfx950).
 
     t_words: the column side's 1-byte codes go through shared memory as uint32 words
     (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
