@@ -221,7 +221,10 @@ def main() -> None:
             overrides = {k: v for k, v in (("div", div), ("cvt", cvt), ("t_words", words)) if v is not None}
             if words and CASES[label][1] is None:
                 continue
-            plan = case_plan(label, **overrides)
+            try:
+                plan = case_plan(label, **overrides)
+            except ValueError:  # e.g. t_words for fp4 column codes
+                continue
             text = sass(compile_case(label, plan))
             if args.dump:
                 pathlib.Path(args.dump).write_text(text)

@@ -115,7 +115,7 @@ def test_quantize_kernel_cross_compiles(target, cvt):
 
     assert qk.default_cvt(100 if target == "sm_100" else None) == cvt
     fmt = get_format("mxfp8")
-    p = qk.plan(1, 256, 512, qk.Side(fmt), qk.Side(fmt), cvt=cvt)
+    p = qk.plan(1, 256, 512, qk.Side(fmt), qk.Side(fmt), cvt=cvt, t_words=True)  # the word transpose too
     sig = dict(x_ptr="*bf16", ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*u8", cv_ptr="*u8", cs_ptr="*u8")
     asm = assembly(compile_kernel(qk.quantize_kernel, target=target, signature=sig, constexprs=p.constexprs,
                                   num_warps=p.num_warps, num_stages=1))

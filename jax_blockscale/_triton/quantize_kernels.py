@@ -657,7 +657,7 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
 
     t_words: the column side's 1-byte codes go through shared memory as uint32 words
     (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
-    codes (not fp4), default where it applies."""
+    codes (not fp4), default where it applies with cvt "hw"."""
     if div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
     if cvt not in CVTS:
@@ -686,8 +686,8 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         num_warps = 4 if elements <= small else 8 if elements <= 128 * 128 else 16
     words_apply = (col.fmt is not None and col_mode != "trans" and col.fmt.elements_per_byte == 1
                    and br % 4 == 0 and bc % 4 == 0 and _side_constexprs("C_", col, r)["C_RQ"] % 4 == 0)
-    if t_words is None:
-        t_words = words_apply
+    if t_words is None:  # with cvt "int" the byte transpose is shifts and masks: sm_90's SASS count is no lower
+        t_words = words_apply and cvt == "hw"
     if t_words and not words_apply:
         raise ValueError("t_words applies to 'direct' / 'reuse' column sides with 1-byte codes only")
     ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div, CVT=cvt,
