@@ -4,6 +4,7 @@
     python -m benchmarks.quant_variants --cases mxfp8+T,fp8_1x128+T --modes direct --warps 4,8
     python -m benchmarks.quant_variants --tiny          # tiny shape, checks the harness (CPU: no kernel time)
     python -m benchmarks.quant_variants --cases nvfp4,fp8_1x128 --default-plan --divs f64,f32   # quotient paths
+    python -m benchmarks.quant_variants --cases mxfp8,mxfp8+T --default-plan --cvts int,hw --t-words 0,1
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
@@ -61,27 +62,30 @@ def _nbytes(shapes) -> int:
 
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
-    mode, tile, warps, div = variant
-    overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div)
+    mode, tile, warps, div, cvt, words = variant
+    overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
     run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90, **overrides)
     return jax.jit(lambda x, ts: run(x[None], ts)), p
 
 
-def variants(row, col, modes, tiles, warps, divs=("f64",)):
+def variants(row, col, modes, tiles, warps, divs=("f64",), cvts=("hw",), words=(None,)):
     out = []
     quotient = any(f is not None and f.name in ("nvfp4", "fp8_block") for f in (row, col))
-    for mode, tile, w, div in itertools.product(modes, tiles, warps, divs):
-        if col is None and mode != modes[0]:
-            continue  # no column side: the mode does not matter
+    fp8 = any(f is not None and f.element.bits == 8 for f in (row, col))
+    for mode, tile, w, div, cvt, tw in itertools.product(modes, tiles, warps, divs, cvts, words):
+        if col is None and (mode != modes[0] or tw != words[0]):
+            continue  # no column side: the mode and its transpose do not matter
         if not quotient and div != divs[0]:
             continue  # MX sides divide by powers of two: no quotient path to choose
+        if not fp8 and cvt != cvts[0]:
+            continue  # no 8-bit elements: the integer encoder either way
         try:
             qk.plan(1, 8192, 8192, qk.Side(row), qk.Side(col), col_mode=mode if col is not None else None,
-                    tile=tile, num_warps=w, div=div)
+                    tile=tile, num_warps=w, div=div, cvt=cvt, t_words=tw if col is not None else None)
         except ValueError:
-            continue
-        out.append((mode if col is not None else None, tile, w, div))
+            continue  # e.g. t_words for fp4 column codes
+        out.append((mode if col is not None else None, tile, w, div, cvt, tw if col is not None else None))
     return out
 
 
@@ -92,6 +96,9 @@ def main() -> None:
     ap.add_argument("--tiles", default=",".join(f"{a}x{b}" for a, b in TILES))
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--divs", default="f64,f32", help="element quotient paths (plan's div=) for nvfp4 / fp8")
+    ap.add_argument("--cvts", default="hw,int", help="fp8 element encoders (plan's cvt=): hw (sm_89+), int")
+    ap.add_argument("--t-words", default="1,0",
+                    help="column codes through shared memory as words (1) or bytes (0) (plan's t_words=)")
     ap.add_argument("--default-plan", action="store_true",
                     help="the plan's own tile and warps (one variant per mode and div): a quick run")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
@@ -103,6 +110,8 @@ def main() -> None:
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     warps = [int(w) for w in args.warps.split(",")]
     divs = args.divs.split(",")
+    cvts = args.cvts.split(",")
+    words = [bool(int(w)) for w in args.t_words.split(",")]
     on_gpu = jax.default_backend() == "gpu"
     keys = jax.random.split(jax.random.key(0), r)
     xs = [jax.random.normal(k, shape, jnp.bfloat16) for k in keys]
@@ -110,7 +119,8 @@ def main() -> None:
     start = time.perf_counter()
     lines = [f"## Quantization kernel variants, {device}, {datetime.date.today()} (bf16 {shape[0]}x{shape[1]}, "
              f"kernel time, {r} operand sets)", "",
-             "| case | mode | tile | warps | div | kernel µs | wall µs | vs x*2 | bits |", "|---|---|---|---|---|---|---|---|---|"]
+             "| case | mode | tile | warps | div | cvt | words | kernel µs | wall µs | vs x*2 | bits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     base = kernel_times(jax.jit(lambda x: x * 2), [(x,) for x in xs])
     base_rate = 2 * xs[0].nbytes / base.profile.kernel_s if on_gpu else math.nan
     print(f"x*2: kernel {base.profile.kernel_s * 1e6:.1f} us, wall {base.wall_s * 1e6:.1f} us", flush=True)
@@ -127,12 +137,13 @@ def main() -> None:
                 modes_c = [m for m in modes if m == p0.constexprs["COL_MODE"]] or [p0.constexprs["COL_MODE"]]
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
-        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs):
+        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words):
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            mode, tile, w, div = variant
-            head = f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} |"
+            mode, tile, w, div, cvt, tw = variant
+            head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "
+                    f"{'-' if tw is None else int(tw)} |")
             if not on_gpu:  # the kernel does not run on a CPU (no interpreter here): the plan only
                 lines.append(f"{head} - | - | - | not run (CPU) |")
                 continue

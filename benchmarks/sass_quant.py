@@ -4,6 +4,7 @@ each hardware pipe would need for a bf16 8192 x 8192 input on an H100 (issue #11
     python -m benchmarks.sass_quant                          # the default cases, the kernel as it is
     python -m benchmarks.sass_quant --cases nvfp4,fp8_1x128+T --div f64,f32   # compare quotient paths
     python -m benchmarks.sass_quant --cases nvfp4 --dump /tmp/nvfp4.sass      # also write the SASS
+    python -m benchmarks.sass_quant --cvt int,hw             # fp8 codes: integer encoder vs cvt.rn.satfinite
 
 The kernel is compiled for sm_90 with the plan and constexprs the primitive launches it with
 (`quantize_kernels.plan`, num_stages=1 as `quantize_primitive._launch`), the cubin disassembled with the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import pathlib
 import re
 import subprocess
@@ -74,7 +76,7 @@ _RULES = [
     ("local", lambda op, full: op in ("LDL", "STL")),
     ("shfl", lambda op, full: op == "SHFL"),
     ("bar", lambda op, full: op in ("BAR",)),
-    ("int", lambda op, full: op in ("LOP3", "SHF", "IADD3", "ISETP", "SEL", "PRMT", "LEA", "VIMNMX", "VIMNMX3",
+    ("int", lambda op, full: op in ("LOP3", "SHF", "IADD3", "VIADD", "ISETP", "SEL", "PRMT", "LEA", "VIMNMX", "VIMNMX3",
                                      "SGXT", "MOV", "FSEL", "FSETP", "FMNMX", "PLOP3", "IABS", "BMSK", "LOP",
                                      "IMNMX", "FCHK", "POPC", "FLO", "BREV", "ISCADD", "P2R", "R2P", "CS2R",
                                      "LEA.HI", "IADD", "SHL", "SHR", "HMNMX2", "HSETP2", "IDP", "BFE", "BFI")),
@@ -171,28 +173,32 @@ def analyse(label: str, plan: qk.Plan, text: str) -> dict:
 def report(results: list[dict], top: int) -> str:
     classes = [c for c in RATES if any(r["counts"].get(c) for r in results)]
     lines = ["Per input element (lane-instructions / element), main path; slow-path instructions apart.", ""]
-    head = "| case | div | tile | warps | " + " | ".join(classes) + " | total | slow path |"
+    head = "| case | div | cvt | words | tile | warps | " + " | ".join(classes) + " | total | slow path |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         p = r["plan"]
         pe = r["per_element"]
-        lines.append(f"| {r['label']} | {p.constexprs.get('DIV', '-')} | {p.constexprs['BR']}x{p.constexprs['BC']} | "
+        lines.append(f"| {r['label']} | {p.constexprs.get('DIV', '-')} | {p.constexprs.get('CVT', '-')} | "
+                     f"{int(p.constexprs.get('T_WORDS', 0))} | {p.constexprs['BR']}x{p.constexprs['BC']} | "
                      f"{p.num_warps} | " + " | ".join(f"{pe.get(c, 0):.2f}" for c in classes) +
                      f" | {sum(pe.values()):.2f} | {sum(r['slow'].values())} |")
     lines += ["", "Pipe-bound time (us) for bf16 8192x8192 on an H100 (132 SMs, 1.755 GHz); dram at the x*2 rate.", ""]
     tcls = ["dram", "issue"] + [c for c in RATES if any(c in r["time_us"] for r in results)] + ["smem"]
     tcls = list(dict.fromkeys(tcls))
-    head = "| case | div | " + " | ".join(tcls) + " | bound |"
+    head = "| case | div | cvt | words | " + " | ".join(tcls) + " | bound |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         t = r["time_us"]
-        lines.append(f"| {r['label']} | {r['plan'].constexprs.get('DIV', '-')} | " +
+        lines.append(f"| {r['label']} | {r['plan'].constexprs.get('DIV', '-')} | {r['plan'].constexprs.get('CVT', '-')} | "
+                     f"{int(r['plan'].constexprs.get('T_WORDS', 0))} | " +
                      " | ".join(f"{t.get(c, 0):.1f}" for c in tcls) + f" | {r['bound']} {t[r['bound']]:.1f} |")
     if top:
         lines += ["", f"Most frequent opcodes (static count, main path, top {top}):"]
         for r in results:
             ops = ", ".join(f"{op} {n}" for op, n in r["by_op"].most_common(top))
-            lines.append(f"- {r['label']} ({r['plan'].constexprs.get('DIV', '-')}): {ops}")
+            lines.append(f"- {r['label']} ({r['plan'].constexprs.get('DIV', '-')}, "
+                         f"{r['plan'].constexprs.get('CVT', '-')}, "
+                         f"words {int(r['plan'].constexprs.get('T_WORDS', 0))}): {ops}")
     return "\n".join(lines)
 
 
@@ -200,19 +206,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--div", default="", help="comma-separated quotient paths (plan's div=), default: the plan's")
+    ap.add_argument("--cvt", default="", help="comma-separated fp8 encoders (plan's cvt=), default: the plan's")
+    ap.add_argument("--t-words", default="", help="comma-separated 0/1: column codes transposed as words (plan's "
+                    "t_words=), default: the plan's")
     ap.add_argument("--top", type=int, default=12, help="list this many most frequent opcodes per case")
     ap.add_argument("--dump", default="", help="write the SASS of the (last) case to this file")
     args = ap.parse_args()
     divs = [d for d in args.div.split(",") if d] or [None]
+    cvts = [c for c in args.cvt.split(",") if c] or [None]
+    t_words = [bool(int(w)) for w in args.t_words.split(",") if w] or [None]
     results = []
     for label in args.cases.split(","):
-        for div in divs:
-            plan = case_plan(label, **({} if div is None else dict(div=div)))
+        for div, cvt, words in itertools.product(divs, cvts, t_words):
+            overrides = {k: v for k, v in (("div", div), ("cvt", cvt), ("t_words", words)) if v is not None}
+            if words and CASES[label][1] is None:
+                continue
+            try:
+                plan = case_plan(label, **overrides)
+            except ValueError:  # e.g. t_words for fp4 column codes
+                continue
             text = sass(compile_case(label, plan))
             if args.dump:
                 pathlib.Path(args.dump).write_text(text)
             results.append(analyse(label, plan, text))
-            print(f"compiled {label} div={div}", flush=True)
+            print(f"compiled {label} div={div} cvt={cvt} t_words={words}", flush=True)
     print(report(results, args.top))
 
 

@@ -49,7 +49,8 @@ def _sides(row, col):
 
 
 def _plan(x_shape, row, col, **overrides):
-    """The kernel's launch plan; `overrides` (col_mode, tile, num_warps) for benchmarks/quant_variants.py."""
+    """The kernel's launch plan; `overrides` (col_mode, tile, num_warps, div, cvt) for
+    benchmarks/quant_variants.py."""
     from ._triton.quantize_kernels import plan
 
     b = int(np.prod(x_shape[:-2], dtype=np.int64))
@@ -121,8 +122,10 @@ def _gpu_lowering(ctx, x, ts, *, row, col):
 
 def _launch(x, ts, *, row, col, compute_capability, **overrides):
     from ._triton import jt
-    from ._triton.quantize_kernels import quantize_kernel
+    from ._triton.quantize_kernels import default_cvt, quantize_kernel
 
+    # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
+    overrides.setdefault("cvt", default_cvt(compute_capability))
     p = _plan(x.shape, row, col, **overrides)
     x3 = x.reshape((-1,) + x.shape[-2:])
     outs = jt.call(

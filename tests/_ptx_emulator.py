@@ -1,9 +1,19 @@
 """A NumPy emulator of the few PTX instructions this package's inline assembly uses, so CPU tests can run it.
 
-Instructions: mov.b32 (immediate, or unpacking into two .b16 registers `{lo, hi}`), prmt.b32 (default
-mode), shr/shl/and/or.b32 (register or immediate), fma.rn.bf16x2, cvt.f32.f16. Registers are uint32 arrays (one lane per pack). bf16x2 arithmetic is done in float64 and
-rounded to bf16 (nearest-even, subnormals kept, as PTX's bf16 fma, which has no .ftz form); the caller
-must run this where NumPy keeps float subnormals (not on an XLA:CPU callback thread).
+Instructions: mov.b32 (immediate, unpacking into two .b16 registers `{lo, hi}`, or packing two into one),
+prmt.b32 (default mode), shr/shl/and/or/xor.b32 and add/sub.u32 (register or immediate), fma.rn.bf16x2,
+cvt.f32.f16, cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32. Registers are uint32 arrays (one lane per pack). bf16x2
+arithmetic is done in float64 and rounded to bf16 (nearest-even, subnormals kept, as PTX's bf16 fma, which
+has no .ftz form); the caller must run this where NumPy keeps float subnormals (not on an XLA:CPU callback
+thread).
+
+The fp8 conversions follow the PTX ISA's cvt: `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a's code in d's
+upper byte and b's in the lower; rounding is to nearest even (ml_dtypes' float32 -> float8 casts, an
+implementation independent of this package's integer encoder); .satfinite turns a result beyond the
+largest finite value (ml_dtypes gives NaN for e4m3fn, Inf for e5m2; also +-Inf inputs) into +-max_normal,
+and a NaN input into a NaN code. Which NaN code the hardware writes the ISA does not say: `FP8_NAN_CODE`
+picks it (tests set other NaN bytes, and `FP8_INF_SATURATES = False` makes Inf inputs give e5m2's Inf
+code, so that code built on the conversion is checked not to depend on either).
 
 `install()` lets Triton's interpreter run `tl.inline_asm_elementwise` through it. Which elements form a
 pack is up to the compiler's layout on a GPU; here they are `pack` consecutive elements along `pack_axis`
@@ -20,6 +30,25 @@ import ml_dtypes
 import numpy as np
 
 _INSTRUCTION = re.compile(r"^([a-z0-9.]+)\s+(.*)$")
+
+_FP8 = {"e4m3x2": ml_dtypes.float8_e4m3fn, "e5m2x2": ml_dtypes.float8_e5m2}
+FP8_NAN_CODE = {"e4m3x2": 0x7F, "e5m2x2": 0x7F}
+FP8_INF_SATURATES = True
+
+
+def _cvt_fp8(kind: str, reg: np.ndarray) -> np.ndarray:
+    """cvt.rn.satfinite.<kind>.f32 of one float32 register (uint32 bits) -> the code (uint32, 0..255)."""
+    x = np.asarray(reg, np.uint32).view(np.float32)
+    dtype = _FP8[kind]
+    with np.errstate(over="ignore", invalid="ignore"):
+        code = x.astype(dtype).view(np.uint8).astype(np.uint32)
+    max_code = np.uint32(np.array(float(ml_dtypes.finfo(dtype).max), dtype).view(np.uint8))
+    sign = (np.asarray(reg, np.uint32) >> 31) << 7
+    overflow = ~np.isnan(x) & ((code & 0x7F) > max_code)  # NaN (e4m3fn) or Inf (e5m2) from a non-NaN input
+    code = np.where(overflow, sign | max_code, code)
+    if not FP8_INF_SATURATES and kind == "e5m2x2":
+        code = np.where(np.isinf(x), sign | 0x7C, code)
+    return np.where(np.isnan(x), FP8_NAN_CODE[kind], code).astype(np.uint32)
 
 
 def _bf16_halves(reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,6 +98,10 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             regs[operands[0][1:].strip()] = whole & 0xFFFF
             regs[operands[1].rstrip("}").strip()] = whole >> 16
             continue
+        if op == "mov.b32" and srcs[0].startswith("{"):  # pack two 16-bit registers, low half first
+            lo, hi = value(srcs[0].lstrip("{")), value(srcs[1].rstrip("}"))
+            regs[dst] = ((lo & 0xFFFF) | ((hi & 0xFFFF) << 16)).astype(np.uint32)
+            continue
         if op == "mov.b32":
             result = value(srcs[0])
         elif op == "prmt.b32":
@@ -81,6 +114,15 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             result = value(srcs[0]) & value(srcs[1])
         elif op == "or.b32":
             result = value(srcs[0]) | value(srcs[1])
+        elif op == "xor.b32":
+            result = value(srcs[0]) ^ value(srcs[1])
+        elif op == "add.u32":
+            result = value(srcs[0]).astype(np.uint64) + value(srcs[1])
+        elif op == "sub.u32":
+            result = value(srcs[0]).astype(np.uint64) + (np.uint64(1 << 32) - value(srcs[1]))
+        elif op in ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"):
+            kind = op.split(".")[3]
+            result = (_cvt_fp8(kind, value(srcs[0])) << 8) | _cvt_fp8(kind, value(srcs[1]))
         elif op == "cvt.f32.f16":  # exact (fp16 subnormals included)
             result = (value(srcs[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
         elif op == "fma.rn.bf16x2":
@@ -88,7 +130,7 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             result = _to_bf16_bits(a0 * b0 + c0) | (_to_bf16_bits(a1 * b1 + c1) << 16)
         else:
             raise NotImplementedError(f"PTX instruction {op} is not emulated")
-        regs[dst] = np.asarray(result, np.uint64).astype(np.uint32)  # 32-bit wraparound of shl
+        regs[dst] = (np.asarray(result, np.uint64) & 0xFFFFFFFF).astype(np.uint32)  # 32-bit wraparound
     return [regs[f"${i}"] for i in range(n_outputs)]
 
 

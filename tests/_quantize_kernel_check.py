@@ -14,6 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
+import _ptx_emulator  # noqa: E402
 from _exact_fma import install as install_exact_fma  # noqa: E402
 from _interpret import NumpyTensor  # noqa: E402
 from _quant_inputs import special_input  # noqa: E402
@@ -43,7 +44,8 @@ def run_case(case):
         ts[1] = float(nvfp4_tensor_scale(jnp.asarray(np.swapaxes(x, -1, -2))))
     b = int(np.prod(x.shape[:-2], dtype=np.int64))
     p = qk.plan(b, x.shape[-2], x.shape[-1], qk.Side(row, rounding), qk.Side(col, rounding),
-                col_mode=case.get("col_mode"), div=case.get("div", "f32"),
+                col_mode=case.get("col_mode"), div=case.get("div", "f32"), cvt=case.get("cvt", "int"),
+                t_words=case.get("t_words"),
                 tile=tuple(case["tile"]) if "tile" in case else None)
     got = [np.zeros(shape, dtype) for shape, dtype in p.out_shapes]
     args = [x.reshape((b,) + x.shape[-2:]), ts] + got
@@ -62,5 +64,8 @@ def run_case(case):
 
 if __name__ == "__main__":
     install_exact_fma()  # the interpreter's tl.fma rounds twice; the kernel's float32 quotient needs one
+    # cvt="hw" cases: the fp8 conversion's inline PTX, emulated; its packs of 4 taken along the blocked views'
+    # last axis (the encoder is elementwise, so any grouping the GPU's layout picks gives the same codes)
+    _ptx_emulator.install(pack_axis=-1)
     for case in json.loads(sys.argv[1]):
         print(json.dumps(run_case(case)), flush=True)

@@ -66,3 +66,57 @@ def test_training_step_has_no_transpose_of_a_quantized_tensor(hopper, recipe):
     lowered = jax.jit(step).trace(x, w).lower(lowering_platforms=("cuda",))
     names = [k for k in jt.lowered_kernels(lowered)]
     assert len(names) == 6, len(names)
+
+
+@pytest.mark.parametrize("fmt,cvt", [("mxfp8", "e4m3x2"), ("mxfp8_e5m2", "e5m2x2"), ("fp8_block", "e4m3x2"),
+                                     ("mxfp4", None)])
+def test_fp8_codes_use_the_hardware_conversion_on_hopper(hopper, fmt, cvt):
+    """On sm_90 the primitive's plan takes cvt="hw" (quantize_kernels.default_cvt): 8-bit element codes come
+    from cvt.rn.satfinite (two per instruction), not the integer encoder; fp4 keeps the integer encoder."""
+    x = jnp.zeros((256, 512), jnp.bfloat16)
+    lowered = jax.jit(lambda x: jb.quantize_with_transpose(x, fmt)).trace(x).lower(lowering_platforms=("cuda",))
+    (ptx,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    if cvt is None:
+        assert "cvt.rn.satfinite.e" not in ptx
+        return
+    assert f"cvt.rn.satfinite.{cvt}.f32" in ptx
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8_block"])
+def test_transposed_codes_go_through_shared_memory_as_words(fmt):
+    """plan t_words: the column side's codes go through shared memory as 32-bit words; what stays narrower
+    is mostly the (per-block) scales' transpose. Counted: shared loads and stores of 8 / 16 bits."""
+    import re
+
+    from jax_blockscale._triton import quantize_kernels as qk
+    from jax_blockscale._triton.compile import compile_kernel
+    from jax_blockscale.formats import get_format
+
+    f = get_format(fmt, block=(1, 128) if fmt == "fp8_block" else None)
+    counts = {}
+    for words in (False, True):
+        p = qk.plan(1, 512, 1024, qk.Side(f), qk.Side(f), cvt="hw", t_words=words)
+        sig = dict(x_ptr="*bf16", ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*u8", cv_ptr="*u8", cs_ptr="*u8")
+        if fmt == "fp8_block":
+            sig.update(rs_ptr="*fp32", cs_ptr="*fp32")
+        ptx = compile_kernel(qk.quantize_kernel, target="sm_90", signature=sig, constexprs=p.constexprs,
+                             num_warps=p.num_warps, num_stages=1).asm["ptx"]
+        counts[words] = len(re.findall(r"(?:ld|st)\.shared(?:\.v[24])?\.[ub](?:8|16)\b", ptx))
+    assert counts[True] * 2 <= counts[False], counts
+
+
+@pytest.mark.parametrize("target,cvt", [("sm_100", "hw"), ("gfx950", "int")])
+def test_quantize_kernel_cross_compiles(target, cvt):
+    """The kernel with the target's default encoder (the primitive's `default_cvt`) compiles for Blackwell
+    and MI355; gfx950's assembly has no NVIDIA conversion, sm_100's PTX has it."""
+    from jax_blockscale._triton import quantize_kernels as qk
+    from jax_blockscale._triton.compile import assembly, compile_kernel
+    from jax_blockscale.formats import get_format
+
+    assert qk.default_cvt(100 if target == "sm_100" else None) == cvt
+    fmt = get_format("mxfp8")
+    p = qk.plan(1, 256, 512, qk.Side(fmt), qk.Side(fmt), cvt=cvt, t_words=True)  # the word transpose too
+    sig = dict(x_ptr="*bf16", ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*u8", cv_ptr="*u8", cs_ptr="*u8")
+    asm = assembly(compile_kernel(qk.quantize_kernel, target=target, signature=sig, constexprs=p.constexprs,
+                                  num_warps=p.num_warps, num_stages=1))
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in asm) == (cvt == "hw")

@@ -69,6 +69,22 @@ CASES += [
 CASES += [dict(c, div="f64", seed=c["seed"] + 1000) for c in CASES
           if any(side and side[0] in ("nvfp4", "fp8_block") for side in (c["row"], c["col"]))]
 
+# The hardware fp8 encoder (plan cvt="hw": cvt.rn.satfinite + fix-up, emulated by tests/_ptx_emulator.py) on
+# every case with an e4m3 / e5m2 side: MX (each rounding), fp8_block through both quotient paths, each
+# column mode; fp4 / fp6 sides beside them keep the integer encoder. Inputs hold NaN, +-Inf, saturating
+# values and signed zeros (tests/_quant_inputs.py).
+# Column sides of 1-byte codes in the "direct" / "reuse" modes can store through the word transpose (plan
+# t_words, `_store_values_t_words`): with cvt "int" its shift / mask byte transpose (gfx950's), and below,
+# as cvt "hw"'s default, its prmt one (emulated).
+CASES += [dict(c, t_words=True, seed=c["seed"] + 3000) for c in CASES
+          if c.get("col_mode") in ("direct", "reuse") and c["col"] and c["col"][0] not in ("mxfp4", "nvfp4")]
+_FP8 = ("mxfp8", "mxfp8_e5m2", "fp8_block")
+CASES += [dict(c, cvt="hw", seed=c["seed"] + 2000) for c in CASES
+          if any(side and side[0] in _FP8 for side in (c["row"], c["col"])) and "t_words" not in c]
+# ... and cvt "hw" with the byte transpose
+CASES += [dict(c, cvt="hw", t_words=False, seed=c["seed"] + 4000) for c in CASES
+          if c.get("t_words") is True]
+
 
 @pytest.fixture(scope="module")
 def results():
@@ -83,7 +99,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
-                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-cvt_' + c['cvt'] if 'cvt' in c else ''}{'-wordsT' if c.get('t_words') else '-bytesT' if c.get('t_words') is False else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]

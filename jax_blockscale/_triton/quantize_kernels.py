@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..formats import BlockFP8Format, Format, MXFormat, NVFP4Format
 
-__all__ = ["Side", "Plan", "plan", "quantize_kernel", "supported_side"]
+__all__ = ["Side", "Plan", "plan", "quantize_kernel", "supported_side", "default_cvt"]
 
 _F32_MIN_NORMAL = 2.0**-126
 
@@ -74,6 +74,76 @@ def _encode_signed(bits, sign, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_B
     SMALLEST_NORMAL: tl.constexpr = (MIN_EXP + 127) << 23
     magnitude = tl.where(m < SMALLEST_NORMAL, sub, normal).to(tl.uint8)
     return magnitude | (sign << (NBITS - 1))
+
+
+def _fp8_cvt_ptx(mbits: int) -> str:
+    """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 float32 values in $1..$4 and 4 float32 sign sources in
+    $5..$8 -> 4 codes of e4m3 (mbits 3) or e5m2 (mbits 2) in $0 (element i in byte i), equal to `_encode`'s
+    (`elements.encode`) with the sign taken from the sign source, as `_encode_signed`.
+
+    cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89+) rounds two float32 values to nearest even and saturates
+    finite overflow to +-max_normal, the encoder's rounding (a float32 subnormal rounds to a signed zero
+    either way, flushed or not). It differs in two places, both fixed on the 4 packed codes at once (SWAR):
+    - NaN gives a NaN code (PTX: "NaN in the destination format"; e4m3fn's only NaN magnitude is 0x7F, e5m2's
+      are 0x7D..0x7F), and Inf, per PTX +-max_normal, could only give a magnitude above it too (e4m3fn has
+      no Inf, e5m2's is 0x7C): `_encode` clips both to max_normal (NaN patterns lie above +Inf's). So every
+      magnitude above max_normal's code becomes max_normal's code, whatever the hardware's NaN byte is.
+    - The sign: the encoder's is the sign source's bit 31 (the value's own, or the quotient path's q0, whose
+      sign survives where q is a zero of the other sign); a NaN code's sign bit is unspecified. So the codes'
+      sign bits are dropped and the sources' bit 31 gathered in their place (3 prmt).
+    ~11 integer ops and 2 conversions per 4 elements, against ~9 integer ops per element in `_encode`."""
+    max_code = 0x7E if mbits == 3 else 0x7B
+    bad = 0x80 - (max_code + 1)  # added to a magnitude byte, sets its bit 7 iff the magnitude > max_code
+    kind = "e4m3x2" if mbits == 3 else "e5m2x2"
+    return ("{\n.reg .b16 lo, hi;\n.reg .b32 w, s, u, t, n, m;\n"
+            # the second operand lands in the low byte: elements 0, 1 in lo, 2, 3 in hi
+            f"cvt.rn.satfinite.{kind}.f32 lo, $2, $1;\n"
+            f"cvt.rn.satfinite.{kind}.f32 hi, $4, $3;\n"
+            "mov.b32 w, {lo, hi};\n"
+            # the sign sources' top bytes into bytes 0..3 of s (byte 3 of $5, $6 -> bytes 0, 1; of $7, $8 -> 2, 3)
+            "prmt.b32 s, $5, $6, 0x0073;\n"
+            "prmt.b32 u, $7, $8, 0x0073;\n"
+            "prmt.b32 s, s, u, 0x5410;\n"
+            "and.b32 s, s, 0x80808080;\n"
+            "and.b32 t, w, 0x7F7F7F7F;\n"
+            f"add.u32 n, t, {bad * 0x01010101:#x};\n"   # no carry leaves a byte: magnitudes are <= 0x7F
+            "and.b32 n, n, 0x80808080;\n"
+            "shr.b32 m, n, 7;\n"
+            "sub.u32 m, n, m;\n"                        # 0x7F in the bytes above max_code, else 0
+            f"xor.b32 u, t, {max_code * 0x01010101:#x};\n"
+            "and.b32 u, u, m;\n"
+            "xor.b32 t, t, u;\n"                        # those bytes := max_code
+            "or.b32 $0, t, s;\n}")
+
+
+_E4M3_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(3))
+_E5M2_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(2))
+
+
+@triton.jit
+def _encode_hw(x, sign_src, MBITS: tl.constexpr):
+    """`_encode_signed(x's bits, sign_src's sign bit)` for the 8-bit element types (e4m3: MBITS 3, e5m2:
+    MBITS 2) through the hardware conversion (`_fp8_cvt_ptx`), NVIDIA sm_89+ only."""
+    if MBITS == 3:
+        codes = tl.inline_asm_elementwise(_E4M3_CVT_PTX, "=r,r,r,r,r,r,r,r,r", [x, sign_src], dtype=tl.uint8,
+                                          is_pure=True, pack=4)
+    else:
+        codes = tl.inline_asm_elementwise(_E5M2_CVT_PTX, "=r,r,r,r,r,r,r,r,r", [x, sign_src], dtype=tl.uint8,
+                                          is_pure=True, pack=4)
+    return codes
+
+
+@triton.jit
+def _encode_elements(x, sign_src, CVT: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
+                     MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+    """Element codes of float32 x with sign_src's signs: the hardware conversion where the plan asks for it
+    (CVT == "hw") and the element is 8-bit, else the integer encoder."""
+    if CVT == "hw" and NBITS == 8:
+        codes = _encode_hw(x, sign_src, MBITS)
+    else:
+        codes = _encode_signed(x.to(tl.uint32, bitcast=True), sign_src.to(tl.uint32, bitcast=True) >> 31,
+                               MBITS, MIN_EXP, MAX_BITS, NBITS)
+    return codes
 
 
 @triton.jit
@@ -171,15 +241,20 @@ def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
 
 @triton.jit
 def _quotient_codes(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr, MBITS: tl.constexpr,
-                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr):
+                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr, CVT: tl.constexpr):
     """Codes of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`."""
     x_s = x4 * _spread(c, TH, TW)
     ys = _spread(y, TH, TW)
     q0 = x_s * ys
     r = tl.fma(-q0, _spread(d_s, TH, TW), x_s)
     q = tl.fma(r, ys, q0)
-    sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
-    return _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
+    if CVT == "hw" and NBITS == 8:
+        # 8-bit elements are fp8_block's, whose mask keeps every sign (no zero-divisor zeroing): q0's sign
+        codes = _encode_hw(q, q0, MBITS)
+    else:
+        sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
+        codes = _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
+    return codes
 
 
 @triton.jit
@@ -228,11 +303,12 @@ def _block_amax(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.
 def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                      BR: tl.constexpr, BC: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
                      MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
-                     DIV: tl.constexpr):
+                     DIV: tl.constexpr, CVT: tl.constexpr):
     """Codes (BR, BC) uint8 and per-block scales (BR // TH, BC // TW) of one side.
 
     Scales come back as stored: uint8 e8m0 (MX), uint8 e4m3 codes (nvfp4), float32 (fp8 blocks). DIV: how
-    nvfp4 / fp8 form the element quotients, "f32" or "f64" (bit-identical; see `_quotient_parts`)."""
+    nvfp4 / fp8 form the element quotients, "f32" or "f64" (bit-identical; see `_quotient_parts`). CVT: how
+    8-bit element codes are formed, "hw" (the sm_89+ conversion, `_fp8_cvt_ptx`) or "int" (`_encode`)."""
     amax_bits, amax = _block_amax(x, TH, TW, BR, BC)
     bad = amax_bits >= 0x7F800000
     x4 = _blocked(x, TH, TW, BR, BC)
@@ -251,12 +327,12 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale_code
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(denom.to(tl.float32), True)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
         else:
             recip = 1.0 / denom
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
             scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
-            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     elif KIND == "fp8":
         # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
         # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
@@ -265,11 +341,11 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale64.to(tl.float32)
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(scales, False)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
         else:
             recip = 1.0 / scale64
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
-            codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     else:
         # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
         e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
@@ -278,7 +354,7 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         factor = _exp2_bits(-tl.minimum(e, 126))
         scaled = x4 * _spread(factor, TH, TW)
         scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
-        codes = _encode(scaled, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     return tl.reshape(codes, (BR, BC)), scales
 
 
@@ -287,6 +363,83 @@ def _pack_pairs(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(ROWS, COLS) 4-bit codes -> (ROWS, COLS // 2) bytes, the even element in the low nibble."""
     lo, hi = tl.split(tl.reshape(codes, (ROWS, COLS // 2, 2)))
     return lo | (hi << 4)
+
+
+# Transposing 1-byte codes through shared memory: Triton's tl.trans + layout conversion of a uint8 tile
+# writes and reads single bytes (STS.U8 / LDS.U8, up to 64 per thread for fp8 1x128 + transpose on sm_90,
+# with bank conflicts). Instead (plan's t_words): 4 codes adjacent along C, which one thread holds after the
+# load, go into one uint32 (no data movement), the uint32 tile is transposed (32-bit shared-memory
+# accesses, a quarter of the count), and each thread then holds, for 4 consecutive R, words of 4 consecutive
+# C: a 4 x 4 byte transpose in registers (8 prmt per 16 codes) gives, per column c, one word of 4 codes
+# consecutive along R, the transposed layout's byte order, stored as uint32.
+_BYTE_TRANSPOSE_PTX = tl.constexpr(
+    "{\n.reg .b32 a, b, c, d;\n"
+    "prmt.b32 a, $4, $5, 0x5140;\n"   # [v0.b0, v1.b0, v0.b1, v1.b1]
+    "prmt.b32 b, $6, $7, 0x5140;\n"   # [v2.b0, v3.b0, v2.b1, v3.b1]
+    "prmt.b32 c, $4, $5, 0x7362;\n"   # [v0.b2, v1.b2, v0.b3, v1.b3]
+    "prmt.b32 d, $6, $7, 0x7362;\n"   # [v2.b2, v3.b2, v2.b3, v3.b3]
+    "prmt.b32 $0, a, b, 0x5410;\n"    # byte 0 of v0..v3
+    "prmt.b32 $1, a, b, 0x7632;\n"    # byte 1
+    "prmt.b32 $2, c, d, 0x5410;\n"    # byte 2
+    "prmt.b32 $3, c, d, 0x7632;\n}")  # byte 3
+
+
+@triton.jit
+def _split4(v, D0: tl.constexpr, D1: tl.constexpr):
+    """(D0, D1 * 4) -> the 4 (D0, D1) slices v[:, 4 i + j], j = 0..3 (two in-register splits)."""
+    a, b = tl.split(tl.reshape(v, (D0, D1, 2, 2)))  # a: j = 0, 2; b: j = 1, 3
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _byte_of_each(v0, v1, v2, v3, SHIFT: tl.constexpr):
+    """Byte SHIFT / 8 of v0..v3 as bytes 0..3 of one word (ptxas makes byte permutes of it)."""
+    return (((v0 >> SHIFT) & 0xFF) | (((v1 >> SHIFT) & 0xFF) << 8) | (((v2 >> SHIFT) & 0xFF) << 16)
+            | (((v3 >> SHIFT) & 0xFF) << 24))
+
+
+@triton.jit
+def _store_values_t_words(codes, v_ptr, batch, r0, c0, OUTER: tl.constexpr, INNER: tl.constexpr,
+                          BR: tl.constexpr, BC: tl.constexpr, PTX: tl.constexpr):
+    """Stores the (BR, BC) 1-byte codes of x's tile transposed, as values (OUTER, INNER) row-major per batch
+    (OUTER = C, INNER = padded R, both multiples of 4 with r0, c0): see `_BYTE_TRANSPOSE_PTX`. PTX: NVIDIA
+    inline assembly allowed (the plan's cvt "hw")."""
+    c0_, c1_, c2_, c3_ = _split4(codes, BR, BC // 4)
+    words = (c0_.to(tl.uint32) | (c1_.to(tl.uint32) << 8) | (c2_.to(tl.uint32) << 16)
+             | (c3_.to(tl.uint32) << 24))                   # (BR, BC // 4): [r, q] = codes (r, 4q..4q+3)
+    wt = tl.trans(words)                                    # (BC // 4, BR)
+    v0, v1, v2, v3 = _split4(wt, BC // 4, BR // 4)          # [q, p] = codes (4p + i, 4q..4q+3), i = 0..3
+    if PTX:  # 8 prmt per 16 codes; the shift / mask form below costs ~1 integer op per element more on sm_90
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(_BYTE_TRANSPOSE_PTX, "=r,=r,=r,=r,r,r,r,r", [v0, v1, v2, v3],
+                                                   dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32),
+                                                   is_pure=True, pack=1)  # o_j[q, p] = codes (4p..4p+3, 4q + j)
+    else:  # any target (gfx950)
+        o0 = _byte_of_each(v0, v1, v2, v3, 0)
+        o1 = _byte_of_each(v0, v1, v2, v3, 8)
+        o2 = _byte_of_each(v0, v1, v2, v3, 16)
+        o3 = _byte_of_each(v0, v1, v2, v3, 24)
+    W: tl.constexpr = INNER // 4
+    w_ptr = v_ptr.to(tl.pointer_type(tl.uint32)) + batch * (OUTER * W)
+    rows = c0 + 4 * tl.arange(0, BC // 4)
+    cols = r0 // 4 + tl.arange(0, BR // 4)
+    base = rows[:, None].to(tl.int64) * W + cols[None, :]
+    ok = cols[None, :] < W
+    tl.store(w_ptr + base, o0, mask=ok & (rows[:, None] < OUTER))
+    tl.store(w_ptr + base + W, o1, mask=ok & (rows[:, None] + 1 < OUTER))
+    tl.store(w_ptr + base + 2 * W, o2, mask=ok & (rows[:, None] + 2 < OUTER))
+    tl.store(w_ptr + base + 3 * W, o3, mask=ok & (rows[:, None] + 3 < OUTER))
+
+
+@triton.jit
+def _store_scales(scales, s_ptr, batch, r0, c0, B_OUTER: tl.constexpr, B_INNER: tl.constexpr,
+                  S_OUTER: tl.constexpr, S_INNER: tl.constexpr, TO: tl.constexpr, TI: tl.constexpr):
+    """Scales (B_OUTER // TO, B_INNER // TI) of a side oriented as (B_OUTER, B_INNER) into (S_OUTER, S_INNER)."""
+    so = r0 // TO + tl.arange(0, B_OUTER // TO)
+    si = c0 // TI + tl.arange(0, B_INNER // TI)
+    s_ptrs = s_ptr + batch * (S_OUTER * S_INNER) + so[:, None].to(tl.int64) * S_INNER + si[None, :]
+    tl.store(s_ptrs, scales, mask=(so[:, None] < S_OUTER) & (si[None, :] < S_INNER))
 
 
 @triton.jit
@@ -302,10 +455,7 @@ def _store_side(codes, scales, v_ptr, s_ptr, batch, r0, c0, OUTER: tl.constexpr,
     offs_i = c0 // EPB + tl.arange(0, B_INNER // EPB)
     v_ptrs = v_ptr + batch * (OUTER * (INNER // EPB)) + offs_o[:, None].to(tl.int64) * (INNER // EPB) + offs_i[None, :]
     tl.store(v_ptrs, codes, mask=(offs_o[:, None] < OUTER) & (offs_i[None, :] < INNER // EPB))
-    so = r0 // TO + tl.arange(0, B_OUTER // TO)
-    si = c0 // TI + tl.arange(0, B_INNER // TI)
-    s_ptrs = s_ptr + batch * (S_OUTER * S_INNER) + so[:, None].to(tl.int64) * S_INNER + si[None, :]
-    tl.store(s_ptrs, scales, mask=(so[:, None] < S_OUTER) & (si[None, :] < S_INNER))
+    _store_scales(scales, s_ptr, batch, r0, c0, B_OUTER, B_INNER, S_OUTER, S_INNER, TO, TI)
 
 
 @triton.jit
@@ -320,7 +470,8 @@ def quantize_kernel(
     C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr, C_TW: tl.constexpr,
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
-    COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64",
+    COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64", CVT: tl.constexpr = "int",
+    T_WORDS: tl.constexpr = False,
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
@@ -339,10 +490,21 @@ def quantize_kernel(
                 other=0.0).to(tl.float32)
     if R_KIND != "none":
         codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS, R_MIN_EXP,
-                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV)
+                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
-    if C_KIND != "none":
+    if C_KIND != "none" and COL_MODE != "trans" and T_WORDS:
+        # Column codes in x's layout, transposed as words on the way to the store (`_store_values_t_words`).
+        if COL_MODE == "reuse":
+            xc_codes, xc_scales = codes, scales
+        else:
+            xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
+                                                   C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV,
+                                                   CVT)
+        _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
+        _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW), C_RQ // C_TH,
+                      C_TW, C_TH)
+    elif C_KIND != "none":
         if COL_MODE == "reuse":
             # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
             # side's, so its codes and scales are the row side's transposed (uint8 / one per tile).
@@ -351,11 +513,11 @@ def quantize_kernel(
             # Quantize down x's columns where x lies, then transpose only the 1-byte codes (and the scales)
             # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
             c_codes, c_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
-                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
+                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
             c_codes, c_scales = tl.trans(c_codes), tl.trans(c_scales)
         else:  # "trans": quantize x^T row-wise (one float32 transpose of the tile through shared memory)
             c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
-                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV)
+                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
         _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
                     C_EPB, BC, BR, C_TW, C_TH)
 
@@ -467,10 +629,17 @@ def _default_tile(row: Side, col: Side, heights: list[int], widths: list[int]) -
 
 
 DIVS = ("f32", "f64")
+CVTS = ("hw", "int")
+
+
+def default_cvt(compute_capability: Optional[int]) -> str:
+    """"hw" on NVIDIA targets with the fp8 conversion (sm_89+), else "int" (AMD's gfx950 and older NVIDIA)."""
+    return "hw" if compute_capability is not None and compute_capability >= 89 else "int"
 
 
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
-         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64") -> Plan:
+         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64",
+         cvt: str = "int", t_words: Optional[bool] = None) -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
     col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
@@ -478,9 +647,21 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
     quantizer: 2 conversions per element) or "f32" (float32 operations and one more integer op per element,
     see `_quotient_parts`). "f64" stays the default until an H100 run of benchmarks/quant_variants.py
     --divs f64,f32 shows "f32" faster: benchmarks/sass_quant.py's static estimate puts both cases' bound on
-    the integer pipe, which "f32" does not relieve."""
+    the integer pipe, which "f32" does not relieve.
+
+    cvt picks how e4m3 / e5m2 element codes are formed, bit-identically: "int" (`_encode`, integer ops on
+    the float32 bits: every target) or "hw" (the cvt.rn.satfinite fp8 conversion plus a fix-up, NVIDIA
+    sm_89+ only: `_fp8_cvt_ptx`); fp4 / fp6 elements always take "int". The plan does not know the target:
+    the primitive passes `default_cvt(compute_capability)`. "hw" also lets the word transpose (t_words) use
+    prmt; "int" emits no inline PTX at all (gfx950).
+
+    t_words: the column side's 1-byte codes go through shared memory as uint32 words
+    (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
+    codes (not fp4), default where it applies with cvt "hw"."""
     if div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
+    if cvt not in CVTS:
+        raise ValueError(f"cvt must be one of {CVTS}, got {cvt!r}")
     for side in (row, col):
         why = supported_side(side.fmt)
         if why:
@@ -503,7 +684,14 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         # elements (8 was 1.4-1.7x slower there), 8 for row-only 64 x 128 (1x128: 74 us vs 84 with 4)
         small = 4096 if col.fmt is None else 8192
         num_warps = 4 if elements <= small else 8 if elements <= 128 * 128 else 16
-    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div,
+    words_apply = (col.fmt is not None and col_mode != "trans" and col.fmt.elements_per_byte == 1
+                   and br % 4 == 0 and bc % 4 == 0 and _side_constexprs("C_", col, r)["C_RQ"] % 4 == 0)
+    if t_words is None:  # with cvt "int" the byte transpose is shifts and masks: sm_90's SASS count is no lower
+        t_words = words_apply and cvt == "hw"
+    if t_words and not words_apply:
+        raise ValueError("t_words applies to 'direct' / 'reuse' column sides with 1-byte codes only")
+    ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div, CVT=cvt,
+              T_WORDS=t_words,
               **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
