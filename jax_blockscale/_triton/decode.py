@@ -511,14 +511,17 @@ def gemv_config(p: GemmProblem, *, sms: int = _TYPICAL_SM_COUNT, block_n: int = 
 # CUPTI kernel time), per weight kind: (GEMV for <= 4 rows, swapped MMA above). M=1: mxfp4 11.3 us, nvfp4
 # 11.4, mxfp8 13.8 (24.5 us XLA bf16); M=16: mxfp4 20.3, nvfp4 17.0, mxfp8 18.5 (24.6); mxfp8 M=64 22.9.
 # The fp4 GEMVs take the fp16-route decode (f16_decode): same loads, 30% fewer instructions per weight
-# element in the K loop (benchmarks/sass_count.py: e2m1 M=1 7.2 -> 5.0, integer-pipe ops 3.3 -> 2.2).
+# element in the K loop (benchmarks/sass_count.py: e2m1 M=1 7.2 -> 5.0, integer-pipe ops 3.3 -> 2.2);
+# measured (--gemv-decode, same run): mxfp4 M=1 11.33 -> 9.43 us, nvfp4 11.96 -> 10.21. mxfp8's MMA tile
+# for 5-16 rows: 64 weight rows on 2 warps, split-K 4 (--mma16: M=16 16.76 us against 18.61 for the
+# earlier 128-row, 4-warp, split-2 tile; M=8 16.25 vs 18.14).
 _SM90_TUNED = {
     "e2m1": (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=4, prefetch=False, f16_decode=True),
              dict(block_n=32, block_k=512, split_k=1, num_warps=2, num_stages=3, prefetch=True)),
     NVFP4: (dict(block_n=8, block_k=2048, split_k=1, num_warps=4, num_stages=2, prefetch=False, f16_decode=True),
             dict(block_n=32, block_k=256, split_k=2, num_warps=2, num_stages=4, prefetch=True, asm_decode=False)),
     "e4m3": (dict(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=1, prefetch=False),
-             dict(block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=3, prefetch=True)),
+             dict(block_n=64, block_k=128, split_k=4, num_warps=2, num_stages=3, prefetch=True)),
 }
 _SM90_TUNED["e5m2"] = _SM90_TUNED["e4m3"]
 

@@ -638,16 +638,17 @@ def default_cvt(compute_capability: Optional[int]) -> str:
 
 
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
-         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: str = "f64",
+         tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: Optional[str] = None,
          cvt: str = "int", t_words: Optional[bool] = None) -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
     col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
     picks how nvfp4 / fp8_block form element quotients, bit-identically: "f64" (float64 as the jnp
     quantizer: 2 conversions per element) or "f32" (float32 operations and one more integer op per element,
-    see `_quotient_parts`). "f64" stays the default until an H100 run of benchmarks/quant_variants.py
-    --divs f64,f32 shows "f32" faster: benchmarks/sass_quant.py's static estimate puts both cases' bound on
-    the integer pipe, which "f32" does not relieve.
+    see `_quotient_parts`). Default (None): "f32" for nvfp4 with its transposed nvfp4 side, else "f64"
+    (nvfp4 + transposed mxfp8 is unmeasured), as measured on an H100 (2026-11-22, bf16 8192², benchmarks/quant_variants.py, kernel
+    time): nvfp4 + transposed 292 us with "f32" against 333 with "f64"; row-only nvfp4 94.0 against 101.9
+    and fp8 1x128 + transposed 277 against 284 the other way.
 
     cvt picks how e4m3 / e5m2 element codes are formed, bit-identically: "int" (`_encode`, integer ops on
     the float32 bits: every target) or "hw" (the cvt.rn.satfinite fp8 conversion plus a fix-up, NVIDIA
@@ -658,6 +659,8 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
     t_words: the column side's 1-byte codes go through shared memory as uint32 words
     (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
     codes (not fp4), default where it applies with cvt "hw"."""
+    if div is None:
+        div = "f32" if all(f is not None and f.name == "nvfp4" for f in (row.fmt, col.fmt)) else "f64"
     if div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
     if cvt not in CVTS:
