@@ -111,6 +111,11 @@ def read_ceiling_gbs(torch) -> float:
     return x.nbytes / us / 1e3
 
 
+def _device_line(torch, n: int, k: int, ceiling: float) -> str:
+    return (f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
+            f"read ceiling {ceiling:.0f} GB/s")
+
+
 def same_size_read_us(torch, n: int, nbytes: int) -> float:
     """Kernel time of XLA's row sum over a (n, nbytes / 4n) float32 array, 16 distinct arrays rotated: a
     read of the weight's bytes, in the weight's row shape, with no decode. At decode sizes (~16 MB) launch
@@ -260,8 +265,7 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
 
     t0 = time.monotonic()
     ceiling = read_ceiling_gbs(torch)
-    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
-          f"read ceiling {ceiling:.0f} GB/s; budget {time_budget:.0f} s\n")
+    print(_device_line(torch, n, k, ceiling) + f"; budget {time_budget:.0f} s\n")
     print("| format | M | variant | block_n | block_k | split | warps | stages | prefetch | asm | atomic | us | GB/s | rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
@@ -345,56 +349,18 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
 
 
 # The GEMV's fp4 decode variants against dispatch's tuned sm_90 config (`--gemv-decode`): label -> changes.
-GEMV_DECODE_VARIANTS = (("tuned bf16 dec", dict(f16_decode=False)), ("tuned f16 dec", dict(f16_decode=True)),
-                        ("f16 n16", dict(f16_decode=True, block_n=16)),
-                        ("f16 st2", dict(f16_decode=True, num_stages=2)),
-                        ("f16 k1024", dict(f16_decode=True, block_k=1024)))
-
-
-def gemv_decode(torch, n=7168, k=4096):
-    """Dispatch's tuned sm_90 GEMV config per weight format (M = 1, 4) against the same with the fp16-route
-    fp4 decode (TileConfig.f16_decode) and a few neighbours of it; instruction counts per weight element:
-    `python -m benchmarks.sass_count --set f16_decode=True`."""
-    from jax_blockscale._triton import decode
-    from jax_blockscale._triton.problem import GemmProblem
-
-    ceiling = read_ceiling_gbs(torch)
-    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
-          f"read ceiling {ceiling:.0f} GB/s\n")
-    print("| format | M | variant | config | us | GB/s | % read | rel err (fp32 out) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8")):
-        ws = _weights(fb, n, k, 1)
-        nb = _nbytes(ws[0])
-        read_us = same_size_read_us(torch, n, nb)
-        print(f"| {fb} | - | same-size read | XLA row sum over {nb / 1e6:.1f} MB | {read_us:.2f} | "
-              f"{nb / read_us / 1e3:.0f} | {100 * nb / read_us / 1e3 / ceiling:.0f}% | |", flush=True)
-        for m in (1, 4):
-            xa = _activation(fa, m, k)
-            p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
-            base = decode.default_config(p, "sm_90")
-            for label, changes in GEMV_DECODE_VARIANTS:
-                if label != GEMV_DECODE_VARIANTS[0][0] and fb not in ("mxfp4", "nvfp4"):
-                    continue
-                cfg = base.replace(kernel="decode", **changes)  # the decode entry is opt-in on sm_90
-                try:
-                    decode.check_config(p, cfg)
-                except ValueError:
-                    continue
-                desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
-                        f"{' pf' if cfg.prefetch else ''}{' f16' if cfg.f16_decode else ''}")
-                err = _checked(xa, ws[0], cfg)
-                f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
-                us = kernel_us(f, [(xa, w) for w in ws], torch)
-                gbs = nb / us / 1e3
-                print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% | {err:.1e} |",
-                      flush=True)
-        del ws
-
+# The GEMV's fp4 decode (`--gemv-decode`): label -> the changes to dispatch's tuned config; every label but
+# the first applies to fp4 weights only.
+GEMV_DECODE_VARIANTS = (
+    ("tuned bf16 dec", lambda c: dict(f16_decode=False)),
+    ("tuned f16 dec", lambda c: dict(f16_decode=True)),
+    ("f16 n16", lambda c: dict(f16_decode=True, block_n=16)),
+    ("f16 st2", lambda c: dict(f16_decode=True, num_stages=2)),
+    ("f16 k1024", lambda c: dict(f16_decode=True, block_k=1024)),
+)
 
 # The swapped MMA's variants against dispatch's tuned sm_90 config at 5..16 rows (`--mma16`): label ->
-# changes (a callable of the tuned config where it depends on it). Static instruction counts per weight
-# element of each: `python -m benchmarks.sass_count --rows 16 --set mma_chains=2` (etc.).
+# the changes to the tuned config ("asm toggled" for fp4 weights only).
 MMA16_VARIANTS = (
     ("tuned", lambda c: {}),
     ("2 chains", lambda c: dict(mma_chains=2)),  # two accumulators: shorter mma.sync dependency chains
@@ -407,61 +373,68 @@ MMA16_VARIANTS = (
 )
 
 
-def mma16(torch, n=7168, k=4096):
-    """Dispatch's tuned sm_90 MMA config (decode._SM90_TUNED[kind][1]) for M = 8, 16 against its variants
-    (MMA16_VARIANTS); each checked against the reference (fp32 output) before it is timed, beside XLA bf16
-    and a same-size read of each weight."""
+def config_variants(torch, rows: tuple[int, ...], variants, fp4_only: set[str], n: int = 7168, k: int = 4096):
+    """Dispatch's tuned sm_90 decode config per weight format (bf16 activations) at each M in `rows`
+    against `variants` (label, config -> changes; labels in `fp4_only` skip mxfp8), beside XLA bf16 and a
+    same-size read of each weight. Each variant is checked against the reference (fp32 output) before it
+    is timed; one that is invalid, wrong or fails to compile is a row, not a stop."""
     from jax_blockscale._triton import decode
     from jax_blockscale._triton.problem import GemmProblem
 
     ceiling = read_ceiling_gbs(torch)
-    print(f"device: {jax.devices()[0].device_kind}; N={n}, K={k}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
-          f"read ceiling {ceiling:.0f} GB/s\n")
-    print("| format | M | variant | config | us | GB/s | vs XLA bf16 | rel err (fp32 out) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(_device_line(torch, n, k, ceiling) + "\n")
+    print("| format | M | variant | config | us | GB/s | % read | vs XLA bf16 | rel err (fp32 out) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
     bf16_ws = _weights("bf16", n, k, 0)
-    xla_us = {}
-    for m in (8, 16):
-        x16 = _activation("bf16", m, k)
-        xla_us[m] = kernel_us(xla, [(x16, w) for w in bf16_ws], torch)
-        print(f"| bf16 | {m} | XLA bf16 | - | {xla_us[m]:.2f} | {_nbytes(bf16_ws[0]) / xla_us[m] / 1e3:.0f} | 1.00x | |",
-              flush=True)
+    xla_us = {m: kernel_us(xla, [(_activation("bf16", m, k), w) for w in bf16_ws], torch) for m in rows}
+    for m, us in xla_us.items():
+        print(f"| bf16 | {m} | XLA bf16 | - | {us:.2f} | {_nbytes(bf16_ws[0]) / us / 1e3:.0f} | | 1.00x | |", flush=True)
     del bf16_ws
-    for fa, fb in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8")):
+    for fb in ("mxfp4", "nvfp4", "mxfp8"):
         ws = _weights(fb, n, k, 1)
         nb = _nbytes(ws[0])
         read_us = same_size_read_us(torch, n, nb)
         print(f"| {fb} | - | same-size read | XLA row sum over {nb / 1e6:.1f} MB | {read_us:.2f} | "
-              f"{nb / read_us / 1e3:.0f} | | |", flush=True)
-        for m in (8, 16):
-            xa = _activation(fa, m, k)
-            p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
-            base = decode.default_config(p, "sm_90")
-            for label, changes in MMA16_VARIANTS:
-                if label == "asm toggled" and fb not in ("mxfp4", "nvfp4"):
+              f"{nb / read_us / 1e3:.0f} | {100 * nb / read_us / 1e3 / ceiling:.0f}% | | |", flush=True)
+        for m in rows:
+            xa = _activation("bf16", m, k)
+            base = decode.default_config(GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16"), "sm_90")
+            for label, changes in variants:
+                if label in fp4_only and fb == "mxfp8":
                     continue
                 cfg = base.replace(kernel="decode", **changes(base))  # the decode entry is opt-in on sm_90
-                try:
-                    decode.check_config(p, cfg)
-                except ValueError as e:
-                    print(f"| {fb} | {m} | {label} | not valid: {e} | | | | |")
-                    continue
                 desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
-                        f"{' asm' if cfg.asm_decode else ''}{' chains2' if cfg.mma_chains == 2 else ''}")
+                        f"{' gemv' if cfg.gemv else ''}{' pf' if cfg.prefetch and cfg.gemv else ''}"
+                        f"{' f16' if cfg.f16_decode else ''}{' asm' if cfg.asm_decode and not cfg.gemv else ''}"
+                        f"{' chains2' if cfg.mma_chains == 2 else ''}")
                 try:
+                    decode.check_config(GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16"), cfg)
                     err = _checked(xa, ws[0], cfg)
                     if not err < 1e-4:  # fp32 output: only the summation order differs (~1e-6)
-                        print(f"| {fb} | {m} | {label} | {desc} | WRONG | | | {err:.1e} |", flush=True)
+                        print(f"| {fb} | {m} | {label} | {desc} | WRONG | | | | {err:.1e} |", flush=True)
                         continue
                     f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
                     us = kernel_us(f, [(xa, w) for w in ws], torch)
-                except Exception as e:  # noqa: BLE001 - a config that fails to compile is a row, not a stop
-                    print(f"| {fb} | {m} | {label} | {desc} | failed: {type(e).__name__} | | | |", flush=True)
+                except Exception as e:  # noqa: BLE001 - a config that is invalid or fails to compile is a row
+                    print(f"| {fb} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:60]} | | | | |", flush=True)
                     continue
-                print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {nb / us / 1e3:.0f} | "
+                gbs = nb / us / 1e3
+                print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% | "
                       f"{xla_us[m] / us:.2f}x | {err:.1e} |", flush=True)
         del ws
+
+
+def gemv_decode(torch):
+    """The GEMV at M = 1, 4: the tuned config with the bf16-route and fp16-route fp4 decode
+    (TileConfig.f16_decode) and neighbours of it; instruction counts per weight element:
+    `python -m benchmarks.sass_count --set f16_decode=True`."""
+    config_variants(torch, (1, 4), GEMV_DECODE_VARIANTS, {label for label, _ in GEMV_DECODE_VARIANTS[1:]})
+
+
+def mma16(torch):
+    """The swapped MMA at M = 8, 16: the tuned config (decode._SM90_TUNED[kind][1]) and MMA16_VARIANTS."""
+    config_variants(torch, (8, 16), MMA16_VARIANTS, {"asm toggled"})
 
 
 def main(argv=None):
