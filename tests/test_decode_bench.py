@@ -1,0 +1,29 @@
+"""CPU check of benchmarks/decode.py's variant tables (--gemv-decode, --mma16): the harness runs end to end
+on the jnp reference path (tiny sizes, wall clock), every format gets its same-size read row and every
+variant a checked, timed row. The GPU numbers themselves come from the device."""
+
+import jax
+import pytest
+
+from benchmarks import decode as bench
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
+@pytest.mark.parametrize("variants, fp4_only", [
+    (bench.GEMV_DECODE_VARIANTS[:2], {"tuned f16 dec"}),
+    (bench.MMA16_VARIANTS[:2], set()),
+], ids=["gemv", "mma16"])
+def test_config_variants_runs_on_the_reference(monkeypatch, capsys, variants, fp4_only):
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    monkeypatch.setattr(bench, "CALLS", 2)
+    bench.config_variants(None, (1,), variants, fp4_only, n=128, k=512)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    for fb in ("mxfp4", "nvfp4", "mxfp8"):
+        assert any(r.startswith(f"| {fb} | - | same-size read") for r in rows), fb
+        for label, _ in variants:
+            expected = fb != "mxfp8" or label not in fp4_only
+            got = [r for r in rows if r.startswith(f"| {fb} | 1 | {label} |")]
+            assert len(got) == int(expected), (fb, label, got)
+            if got:  # checked against the reference and timed: a number, an error within tolerance
+                cells = [c.strip() for c in got[0].split("|")]
+                assert float(cells[5]) > 0 and float(cells[-2]) < 1e-4, got[0]
