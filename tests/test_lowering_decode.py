@@ -162,9 +162,11 @@ def test_ptx_fp4_decode_gives_each_element_of_a_pack_its_own_scale():
 def test_sm90_mma_variant_uses_bf16_wgmma(w_kind):
     x_kind = "bf16" if w_kind in ("e2m1", "nvfp4") else w_kind if w_kind != "e2m3" else "e4m3"
     asm = _compile(w_kind, x_kind, "sm_90", rows=16)
-    # 64 weight rows per tile: wgmma. The tuned fp4 configs (decode._SM90_TUNED, 32 rows, measured faster)
-    # take Triton's mma.sync path instead: either way a bf16 tensor-core MMA, not FMAs.
-    assert WGMMA_BF16.search(asm) or (w_kind in ("e2m1", "nvfp4") and MMA_SYNC_BF16.search(asm))
+    # 64 weight rows on 4 warps: wgmma. The tuned configs (decode._SM90_TUNED, measured faster) take Triton's
+    # mma.sync path instead (fp4: 32 rows; fp8: 64 rows on 2 warps, no whole warp group): either way a bf16
+    # tensor-core MMA, not FMAs.
+    tuned = w_kind in ("e2m1", "nvfp4", "e4m3", "e5m2")
+    assert WGMMA_BF16.search(asm) or (tuned and MMA_SYNC_BF16.search(asm))
     assert "cp.async" in asm  # the weight tiles are pipelined
     assert ".ftz" not in asm  # subnormal codes and 2**-127 scales decode through subnormals
     if w_kind == "e2m1":  # (nvfp4's tuned MMA config decodes in fp32: asm_decode=False measured faster)
