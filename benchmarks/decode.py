@@ -363,9 +363,7 @@ GEMV_DECODE_VARIANTS = (
 # the changes to the tuned config ("asm toggled" for fp4 weights only).
 MMA16_VARIANTS = (
     ("tuned", lambda c: {}),
-    ("2 chains", lambda c: dict(mma_chains=2)),  # two accumulators: shorter mma.sync dependency chains
     ("split x2", lambda c: dict(split_k=2 * c.split_k)),  # twice the warps per SM, same tiles
-    ("2 chains split x2", lambda c: dict(mma_chains=2, split_k=2 * c.split_k)),
     ("asm toggled", lambda c: dict(asm_decode=not c.asm_decode)),  # fp4 only
     # fewest instructions per element for e2m1 / e4m3 (benchmarks.sass_count); split twice as often to keep
     # the warps per SM (64-row tiles halve the programs)
@@ -406,8 +404,7 @@ def config_variants(torch, rows: tuple[int, ...], variants, fp4_only: set[str], 
                 cfg = base.replace(kernel="decode", **changes(base))  # the decode entry is opt-in on sm_90
                 desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
                         f"{' gemv' if cfg.gemv else ''}{' pf' if cfg.prefetch and cfg.gemv else ''}"
-                        f"{' f16' if cfg.f16_decode else ''}{' asm' if cfg.asm_decode and not cfg.gemv else ''}"
-                        f"{' chains2' if cfg.mma_chains == 2 else ''}")
+                        f"{' f16' if cfg.f16_decode else ''}{' asm' if cfg.asm_decode and not cfg.gemv else ''}")
                 try:
                     decode.check_config(GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16"), cfg)
                     err = _checked(xa, ws[0], cfg)

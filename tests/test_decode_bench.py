@@ -9,20 +9,25 @@ from benchmarks import decode as bench
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
-@pytest.mark.parametrize("variants, fp4_only", [
-    (bench.GEMV_DECODE_VARIANTS[:2], {"tuned f16 dec"}),
-    (bench.MMA16_VARIANTS[:2], set()),
+def _pick(variants, *labels):
+    return tuple(v for v in variants if v[0] in labels)
+
+
+@pytest.mark.parametrize("variants, fp4_only, m, k", [
+    (_pick(bench.GEMV_DECODE_VARIANTS, "tuned bf16 dec", "tuned f16 dec"), {"tuned f16 dec"}, 1, 512),
+    (_pick(bench.MMA16_VARIANTS, "tuned", "split x2"), set(), 8, 2048),  # K holds twice the tuned splits
 ], ids=["gemv", "mma16"])
-def test_config_variants_runs_on_the_reference(monkeypatch, capsys, variants, fp4_only):
+def test_config_variants_runs_on_the_reference(monkeypatch, capsys, variants, fp4_only, m, k):
+    assert len(variants) == 2
     monkeypatch.setattr(bench, "WEIGHTS", 2)
     monkeypatch.setattr(bench, "CALLS", 2)
-    bench.config_variants(None, (1,), variants, fp4_only, n=128, k=512)
+    bench.config_variants(None, (m,), variants, fp4_only, n=128, k=k)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     for fb in ("mxfp4", "nvfp4", "mxfp8"):
         assert any(r.startswith(f"| {fb} | - | same-size read") for r in rows), fb
         for label, _ in variants:
             expected = fb != "mxfp8" or label not in fp4_only
-            got = [r for r in rows if r.startswith(f"| {fb} | 1 | {label} |")]
+            got = [r for r in rows if r.startswith(f"| {fb} | {m} | {label} |")]
             assert len(got) == int(expected), (fb, label, got)
             if got:  # checked against the reference and timed: a number, an error within tolerance
                 cells = [c.strip() for c in got[0].split("|")]

@@ -92,14 +92,14 @@ for fa, fb, m, split in (("bf16", "mxfp4", 1, 1), ("mxfp8", "mxfp4", 3, 3), ("bf
                       config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=8, block_k=512, group_m=1,
                                   num_warps=4, num_stages=2, split_k=split, gemv=True, prefetch=False,
                                   f16_decode=True)))
-# The MMA's two accumulator chains (config.mma_chains=2: each K tile as two half tiles, two dots): the PTX
-# fp4 decode (emulated) and the fp32 one, quantized activations, the ordered split-K, mxfp8 and fp6 weights.
+# The MMA on the tuned sm_90 tiles' shape (32 weight rows, 2 warps: mma.sync): the PTX fp4 decode (emulated)
+# and the fp32 one, quantized activations, the ordered split-K, mxfp8 and fp6 weights.
 for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False, 3), ("mxfp8", "mxfp4", True, 3),
                            ("bf16", "mxfp8", True, 1), ("mxfp4", "mxfp6_e3m2", False, 1)):
     seed += 1
     CASES.append(dict(fa=fa, fb=fb, batch=[], m=5, n=150, k=700, seed=seed, a_gain=40.0, asm=asm,
                       out_dtype="float32",
-                      config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2, mma_chains=2)))
+                      config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
                   ("mxfp8", "mxfp4", 5), ("bf16", "mxfp6_e3m2", 64)):
@@ -112,7 +112,7 @@ def _id(case):
     variant = ("default" if not config else
                ("gemv-" if config.get("gemv") else "")
                + ("atomic" if config.get("atomic_split_k") else "fma" if config.get("fma") else "mma")
-               + f"-s{config['split_k']}" + ("-chains2" if config.get("mma_chains", 1) == 2 else ""))
+               + f"-s{config['split_k']}" + f"-n{config['block_n']}")
     return f"{case['fa']}-{case['fb']}-m{case['m']}-{variant}{'-asm' if case.get('asm') else ''}"
 
 
@@ -147,7 +147,6 @@ def test_decode_kernel_matches_reference(results, index):
         assert launch["F16"] == bool(case.get("asm") and (config or {}).get("f16_decode"))
     if not gemv:
         assert launch["BLOCK_K"] == _block_k(case["fb"])
-        assert launch["CHAINS"] == (config or {}).get("mma_chains", 1)
     assert result["finite"], result
     tolerance = 1e-5 if case["out_dtype"] == "float32" else 2 * 2.0**-8 + 1e-5
     assert result["rel_err"] < tolerance, result

@@ -98,11 +98,10 @@ def _configs(fb, rows):
         out.append(TileConfig(block_m=block_m, block_n=32 if fma else 64, block_k=block_k, group_m=1,
                               num_warps=4, num_stages=3, split_k=split, fma=fma, atomic_split_k=atomic,
                               asm_decode=asm))
-    if fb != "fp8_block" and rows > 4:  # the MMA's two accumulator chains (mma_chains) on the 32-row mma.sync
-        for split, asm in ((1, True), (2, False)):  # tiles of the tuned sm_90 fp4 configs
+    if fb != "fp8_block" and rows > 4:  # the MMA on the 32-row, 2-warp mma.sync tiles of the tuned sm_90
+        for split, asm in ((1, True), (2, False)):  # fp4 configs
             out.append(TileConfig(block_m=max(16, 1 << (rows - 1).bit_length()), block_n=32, block_k=2 * block_k,
-                                  group_m=1, num_warps=2, num_stages=3, split_k=split, asm_decode=asm,
-                                  mma_chains=2))
+                                  group_m=1, num_warps=2, num_stages=3, split_k=split, asm_decode=asm))
     if rows <= 16:  # the streaming GEMV: its 512-code fp4 / 256-byte tiles, with and without the prefetch
         # (K = 2048 holds 4 of these K tiles: the atomic split is 4 here)
         for (split, atomic), asm in itertools.product(((1, False), (3, False), (4, True)),

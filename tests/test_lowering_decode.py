@@ -173,23 +173,6 @@ def test_sm90_mma_variant_uses_bf16_wgmma(w_kind):
         assert "fma.rn.bf16x2" in asm and "prmt.b32" in asm  # the inline-PTX decode
 
 
-@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4", "e4m3"])
-def test_sm90_mma_chains_are_two_loop_carried_accumulators(w_kind):
-    """mma_chains=2: two dots per K tile into two accumulators carried by the K loop (not one dot folded
-    into the other's accumulator), so each warp has twice the independent MMA chains."""
-    def loop_dots(**changes):
-        ttgir = _compile(w_kind, "bf16", "sm_90", rows=16, ttgir=True, **changes).asm["ttgir"]
-        loop = ttgir[ttgir.index("scf.for"):]
-        loop = loop[:loop.index("scf.yield")]
-        # the accumulators (C operands) that the loop carries in: mma.sync's tt.dot, or wgmma's
-        # warp_group_dot (one per 16-wide K step, chained within the tile)
-        return {c for c in re.findall(r"(?:tt\.dot|ttng\.warp_group_dot) %\S+, %\S+, (%[\w#]+)", loop)
-                if c.startswith("%arg")}
-    assert len(loop_dots()) == 1 and len(loop_dots(mma_chains=2)) == 2
-    with pytest.raises(ValueError, match="mma_chains"):
-        _compile("block_fp8", "block_fp8", "sm_90", rows=16, mma_chains=2)
-
-
 @pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("block_fp8", "block_fp8"), ("e4m3", "bf16")])
 def test_sm90_fma_variant_has_no_mma(w_kind, x_kind):
     asm = _compile(w_kind, x_kind, "sm_90", rows=1, fma=True, block_m=1)

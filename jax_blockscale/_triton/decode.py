@@ -252,17 +252,11 @@ def decode_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, FMA: tl.constexpr, ATOMIC: tl.constexpr, ASM: tl.constexpr, WIDE: tl.constexpr,
-    CHAINS: tl.constexpr = 1,
 ):
     """out (M, N) = ts_a * ts_b * decode(x) (M, K) @ decode(w).T, w (N, K / epb) the weight.
 
     ws: the split-K workspace, (SPLIT_K, M, N) fp32 partials (deterministic) or a zeroed (M, N) fp32
     accumulator (ATOMIC); count: cdiv(N, BLOCK_N) zeroed int32 counters. Both unused when SPLIT_K == 1.
-
-    CHAINS == 2 (MMA, not block_fp8): each K tile is two half tiles, loaded and multiplied into two
-    accumulators. Triton folds `acc += dot(w, x)` into the MMA's accumulator, so one accumulator is one
-    dependency chain of BLOCK_K / 16 mma.sync per 16 x 8 output tile and K tile; with 16 activation rows
-    a warp has two such chains, and at 1-2 warps per scheduler (N = 7168) their latency is exposed.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -278,16 +272,10 @@ def decode_kernel(
     k_begin, k_end = k_tile_range(K_TILES, SPLIT_K, 1)  # split-K on grid axis 1
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # the second chain (CHAINS == 2); dead otherwise
-    SUB_K: tl.constexpr = BLOCK_K // CHAINS
     for kt in range(k_begin, k_end):
         k0 = kt * BLOCK_K
-        w = load_weight(w_ptr, w_scale_ptr, rows_w, k0, K, W_KIND, SUB_K, ASM)
-        x = load_activations(x_ptr, x_scale_ptr, rows_x, k0, K, X_KIND, SUB_K)
-        if CHAINS == 2:
-            w2 = load_weight(w_ptr, w_scale_ptr, rows_w, k0 + SUB_K, K, W_KIND, SUB_K, ASM)
-            x2 = load_activations(x_ptr, x_scale_ptr, rows_x, k0 + SUB_K, K, X_KIND, SUB_K)
-            acc2 += tl.dot(w2, tl.trans(x2), out_dtype=tl.float32)
+        w = load_weight(w_ptr, w_scale_ptr, rows_w, k0, K, W_KIND, BLOCK_K, ASM)
+        x = load_activations(x_ptr, x_scale_ptr, rows_x, k0, K, X_KIND, BLOCK_K)
         if FMA:
             part = tl.sum(w.to(tl.float32)[:, None, :] * x.to(tl.float32)[None, :, :], axis=2)
         else:
@@ -303,8 +291,6 @@ def decode_kernel(
                 acc += part * w_s[:, None]
         else:
             acc += part
-    if CHAINS == 2:
-        acc += acc2
 
     store_or_reduce(acc, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, pid_n, pid_k, M, N,
                     SPLIT_K, ATOMIC)
@@ -600,35 +586,18 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("block_fp8 weights need block_k == 128 and block_n dividing 128 (or a multiple of it)")
     if config.split_k < 1 or config.split_k > p.k // config.block_k:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
-    if config.mma_chains not in (1, 2):
-        raise ValueError(f"mma_chains must be 1 or 2, got {config.mma_chains}")
-    if config.mma_chains == 2:
-        if config.fma or p.b_kind == BLOCK_FP8:
-            raise ValueError("mma_chains=2 needs the MMA variant and a weight kind other than block_fp8 (whose "
-                             "scale tile is the whole 128-wide K tile)")
-        half = config.block_k // 2
-        if half < 16 or any(half % g for g in groups):
-            raise ValueError(f"mma_chains=2 halves block_k ({config.block_k}): each half must be >= 16 and a "
-                             f"multiple of every scale block {sorted(groups)}")
-
-
-def gemv_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> dict:
-    """gemv_kernel's constexprs for `config` (also used by benchmarks/sass_count.py to compile it alone)."""
-    return dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
-                BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
-                ATOMIC=config.atomic_split_k, WIDE=wide, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
-                ASM=asm, F16=bool(asm and config.f16_decode))
 
 
 def kernel_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bool) -> tuple:
     """(kernel, constexprs) for `config`: gemv_kernel or decode_kernel (also used by
     benchmarks/sass_count.py to compile either alone)."""
+    common = dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind, BLOCK_M=config.block_m,
+                  BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
+                  ATOMIC=config.atomic_split_k, WIDE=wide, ASM=asm)
     if config.gemv:
-        return gemv_kernel, gemv_constexprs(p, config, asm=asm, wide=wide)
-    return decode_kernel, dict(M=p.batch * p.m, N=p.n, K=p.k, W_KIND=p.b_kind, X_KIND=p.a_kind,
-                               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                               SPLIT_K=config.split_k, ATOMIC=config.atomic_split_k, WIDE=wide, FMA=config.fma,
-                               ASM=asm, CHAINS=config.mma_chains)
+        return gemv_kernel, dict(common, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
+                                 F16=bool(asm and config.f16_decode))
+    return decode_kernel, dict(common, FMA=config.fma)
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,

@@ -106,10 +106,6 @@ class TileConfig:
     # The GEMV's PTX fp4 decode straight to fp32 through fp16 (decode._fp4_f32_ptx: bit ops, then one
     # cvt.f32.f16 per element on the fp pipe) instead of bf16 pairs widened by integer ops.
     f16_decode: bool = False
-    # The decode module's swapped MMA (decode.decode_kernel): the K tile split into this many sub-tiles, each
-    # its own loads and dot into its own fp32 accumulator (independent MMA dependency chains per warp; summed
-    # after the K loop). 1 or 2.
-    mma_chains: int = 1
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16.
     fp8_mma: bool = False
