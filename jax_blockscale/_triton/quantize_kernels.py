@@ -240,21 +240,16 @@ def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
 
 
 @triton.jit
-def _quotient_codes(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr, MBITS: tl.constexpr,
-                    MIN_EXP: tl.constexpr, MAX_BITS: tl.constexpr, NBITS: tl.constexpr, CVT: tl.constexpr):
-    """Codes of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`."""
+def _quotient(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr):
+    """(q, sign source) of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`: the
+    code's sign is q0's, masked off in nvfp4's zero-divisor blocks."""
     x_s = x4 * _spread(c, TH, TW)
     ys = _spread(y, TH, TW)
     q0 = x_s * ys
     r = tl.fma(-q0, _spread(d_s, TH, TW), x_s)
     q = tl.fma(r, ys, q0)
-    if CVT == "hw" and NBITS == 8:
-        # 8-bit elements are fp8_block's, whose mask keeps every sign (no zero-divisor zeroing): q0's sign
-        codes = _encode_hw(q, q0, MBITS)
-    else:
-        sign = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)) >> 31
-        codes = _encode_signed(q.to(tl.uint32, bitcast=True), sign, MBITS, MIN_EXP, MAX_BITS, NBITS)
-    return codes
+    sign_src = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)).to(tl.float32, bitcast=True)
+    return q, sign_src
 
 
 @triton.jit
@@ -327,12 +322,12 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale_code
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(denom.to(tl.float32), True)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
+            scaled, sign_src = _quotient(x4, c, d_s, y, mask, TH, TW)
         else:
             recip = 1.0 / denom
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
             scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
-            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            sign_src = scaled
     elif KIND == "fp8":
         # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
         # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
@@ -341,11 +336,11 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scales = scale64.to(tl.float32)
         if DIV == "f32":
             c, d_s, y, mask = _quotient_parts(scales, False)
-            codes = _quotient_codes(x4, c, d_s, y, mask, TH, TW, MBITS, MIN_EXP, MAX_BITS, NBITS, CVT)
+            scaled, sign_src = _quotient(x4, c, d_s, y, mask, TH, TW)
         else:
             recip = 1.0 / scale64
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
-            codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
+            sign_src = scaled
     else:
         # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
         e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
@@ -354,7 +349,8 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         factor = _exp2_bits(-tl.minimum(e, 126))
         scaled = x4 * _spread(factor, TH, TW)
         scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
-        codes = _encode_elements(scaled, scaled, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
+        sign_src = scaled
+    codes = _encode_elements(scaled, sign_src, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     return tl.reshape(codes, (BR, BC)), scales
 
 
@@ -493,34 +489,30 @@ def quantize_kernel(
                                          R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
         _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
                     R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
-    if C_KIND != "none" and COL_MODE != "trans" and T_WORDS:
-        # Column codes in x's layout, transposed as words on the way to the store (`_store_values_t_words`).
-        if COL_MODE == "reuse":
-            xc_codes, xc_scales = codes, scales
-        else:
-            xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
-                                                   C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV,
-                                                   CVT)
-        _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
-        _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW), C_RQ // C_TH,
-                      C_TW, C_TH)
-    elif C_KIND != "none":
-        if COL_MODE == "reuse":
-            # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
-            # side's, so its codes and scales are the row side's transposed (uint8 / one per tile).
-            c_codes, c_scales = tl.trans(codes), tl.trans(scales)
-        elif COL_MODE == "direct":
-            # Quantize down x's columns where x lies, then transpose only the 1-byte codes (and the scales)
-            # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
-            c_codes, c_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR, BC,
-                                                 C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
-            c_codes, c_scales = tl.trans(c_codes), tl.trans(c_scales)
-        else:  # "trans": quantize x^T row-wise (one float32 transpose of the tile through shared memory)
+    if C_KIND != "none":
+        if COL_MODE == "trans":  # quantize x^T row-wise (one float32 transpose of the tile through shared memory)
             c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
                                                  BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
-        _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW), C_RQ // C_TH,
-                    C_EPB, BC, BR, C_TW, C_TH)
-
+            _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW),
+                        C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
+        else:
+            if COL_MODE == "reuse":
+                # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
+                # side's, so its codes and scales are the row side's (uint8 / one per tile).
+                xc_codes, xc_scales = codes, scales
+            else:  # "direct"
+                # Quantize down x's columns where x lies; only the 1-byte codes (and the scales) are transposed
+                # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
+                xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR,
+                                                       BC, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT,
+                                                       DIV, CVT)
+            if T_WORDS:  # the codes transposed as 32-bit words (`_store_values_t_words`)
+                _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
+                _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW),
+                              C_RQ // C_TH, C_TW, C_TH)
+            else:
+                _store_side(tl.trans(xc_codes), tl.trans(xc_scales), cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ,
+                            triton.cdiv(C, C_TW), C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
 
 # ---------------------------------------------------------------------------------------------------------
 # Host side: which formats a side supports, and the launch plan shared by the JAX and interpreter paths.
