@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-import subprocess
-import tempfile
 
-SM_COUNT, SCHEDULERS, LANES, CLOCK_HZ = 132, 4, 32, 1.755e9
+from ._sass import CLOCK_HZ, LANES, SCHEDULERS, SM_COUNT, SMEM_BYTES_PER_CLOCK, access_bytes, disassemble
 
 # Opcode (first dotted part) -> class; anything else is "other".
 CLASSES = {
@@ -44,9 +41,6 @@ CLASSES = {
     "HMMA": "mma", "HGMMA": "mma", "WARPGROUP": "sync",
     "FSEL": "fp32 mul/add", "HADD2": "f16x2/bf16x2", "PLOP3": "int alu", "ISETP": "int alu",
 }
-# Shared-memory bytes one warp instruction moves (all 32 lanes), by opcode and width suffix.
-_WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
-SMEM_BYTES_PER_CLOCK = 128  # per SM on sm_90 (32 banks x 4 bytes)
 
 
 def smem_bytes(line: str) -> float:
@@ -61,8 +55,7 @@ def smem_bytes(line: str) -> float:
     parts = op.split(".")
     base = parts[0]
     if base in ("LDS", "STS", "LDGSTS"):
-        width = next((_WIDTH[p] for p in parts[1:] if p in _WIDTH), 4)
-        return 32.0 * width
+        return 32.0 * access_bytes(op)
     if base == "LDSM":  # .16.M88.N / .MT88.N: N 8x8 matrices of 16-bit elements
         n = int(parts[-1]) if parts[-1].isdigit() else 1
         return 128.0 * n
@@ -77,7 +70,6 @@ def smem_bytes(line: str) -> float:
 _LINE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
-_BIN = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin")
 
 
 def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
@@ -104,17 +96,6 @@ def compile_case(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168
     compiled = compile_kernel(kernel, target="sm_90", signature=_signature(w_kind, x_kind),
                               constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return compiled, cfg
-
-
-compile_gemv = compile_case  # the earlier name
-
-
-def disassemble(cubin: bytes) -> list[str]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([os.path.join(_BIN, "nvdisasm"), "-c", f.name], check=True, capture_output=True,
-                              text=True).stdout.splitlines()
 
 
 def largest_loop(lines: list[str]) -> list[str]:
@@ -152,7 +133,7 @@ def classify(body: list[str]) -> collections.Counter:
 
 def count(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes) -> dict:
     compiled, cfg = compile_case(w_kind, x_kind, rows, n, k, **changes)
-    body = largest_loop(disassemble(compiled.asm["cubin"]))
+    body = largest_loop(disassemble(compiled.asm["cubin"]).splitlines())
     per_thread = cfg.block_n * cfg.block_k / (32 * cfg.num_warps)
     counts = classify(body)
     per_elem = {c: v / per_thread for c, v in counts.items() if c != "smem bytes"}

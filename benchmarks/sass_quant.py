@@ -30,20 +30,17 @@ import collections
 import itertools
 import pathlib
 import re
-import subprocess
-import tempfile
 
 import numpy as np
-import triton
 
 from jax_blockscale._triton import quantize_kernels as qk
 from jax_blockscale._triton.compile import compile_kernel
 from jax_blockscale.formats import get_format
 
+from ._sass import CLOCK_HZ, SM_COUNT, SMEM_BYTES_PER_CLOCK, access_bytes, disassemble
+
 SHAPE = (8192, 8192)
-SMS, CLOCK_HZ = 132, 1.755e9
 X2_US, X2_BYTES = 93.1, 2 * 2 * SHAPE[0] * SHAPE[1]  # the x * 2 baseline of issue #11 (bf16 in + out)
-SMEM_BYTES_PER_CLK = 128
 
 FP8_1x128 = get_format("fp8_block", block=(1, 128))
 FP8_128 = get_format("fp8_block", block=(128, 128))
@@ -92,22 +89,6 @@ def classify(mnemonic: str) -> str:
     return "other"
 
 
-def _access_bytes(mnemonic: str) -> int:
-    """Bytes per lane of a load/store: .U8/.S8 1, .U16 2, default 4, .64 8, .128 16."""
-    for suffix, n in ((".128", 16), (".64", 8), (".U16", 2), (".S16", 2), (".U8", 1), (".S8", 1)):
-        if suffix in mnemonic:
-            return n
-    return 4
-
-
-def sass(cubin: bytes) -> str:
-    cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-
-
 def parse(text: str) -> tuple[list[tuple[int, str, str]], int]:
     """(address, mnemonic, operands) of each instruction, and the first address of out-of-line subroutines
     (the smallest CALL target), from which on code is a slow path."""
@@ -120,7 +101,9 @@ def parse(text: str) -> tuple[list[tuple[int, str, str]], int]:
 
 
 def case_plan(label: str, **overrides) -> qk.Plan:
+    """The plan the primitive launches on sm_90 (its fp8 encoder included), with `overrides`."""
     row, col = CASES[label]
+    overrides.setdefault("cvt", qk.default_cvt(90))
     return qk.plan(1, *SHAPE, qk.Side(row), qk.Side(col), **overrides)
 
 
@@ -150,7 +133,7 @@ def analyse(label: str, plan: qk.Plan, text: str) -> dict:
         counts[cls] += 1
         by_op[op] += 1
         if cls == "lds/sts":
-            smem_bytes += 32 * _access_bytes(op)
+            smem_bytes += 32 * access_bytes(op)
     threads = plan.num_warps * 32
     elements = plan.constexprs["BR"] * plan.constexprs["BC"]
     programs = int(np.prod(plan.grid))
@@ -159,9 +142,9 @@ def analyse(label: str, plan: qk.Plan, text: str) -> dict:
     for cls, n in warp_insts.items():
         rate = RATES.get(cls)
         if rate:
-            time_us[cls] = n / (rate / 32) / SMS / CLOCK_HZ * 1e6
-    time_us["issue"] = sum(warp_insts.values()) / 4 / SMS / CLOCK_HZ * 1e6
-    time_us["smem"] = smem_bytes * plan.num_warps * programs / SMEM_BYTES_PER_CLK / SMS / CLOCK_HZ * 1e6
+            time_us[cls] = n / (rate / 32) / SM_COUNT / CLOCK_HZ * 1e6
+    time_us["issue"] = sum(warp_insts.values()) / 4 / SM_COUNT / CLOCK_HZ * 1e6
+    time_us["smem"] = smem_bytes * plan.num_warps * programs / SMEM_BYTES_PER_CLOCK / SM_COUNT / CLOCK_HZ * 1e6
     nbytes = 2 * SHAPE[0] * SHAPE[1] + sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in plan.out_shapes
                                             if s != (1,))
     time_us["dram"] = nbytes / (X2_BYTES / X2_US)
@@ -225,7 +208,7 @@ def main() -> None:
                 plan = case_plan(label, **overrides)
             except ValueError:  # e.g. t_words for fp4 column codes
                 continue
-            text = sass(compile_case(label, plan))
+            text = disassemble(compile_case(label, plan), tool="cuobjdump")
             if args.dump:
                 pathlib.Path(args.dump).write_text(text)
             results.append(analyse(label, plan, text))
