@@ -132,9 +132,7 @@ def main() -> None:
         if args.default_plan:
             p0 = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
             tiles_c, warps_c = [(p0.constexprs["BR"], p0.constexprs["BC"])], [p0.num_warps]
-            modes_c = modes if col is not None else [modes[0]]
-            if col is not None:
-                modes_c = [m for m in modes if m == p0.constexprs["COL_MODE"]] or [p0.constexprs["COL_MODE"]]
+            modes_c = [modes[0]] if col is None else [p0.constexprs["COL_MODE"]]  # the plan's column mode
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
         for variant in variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words):
