@@ -325,13 +325,16 @@ class Check:
 
 
 def teacher_forced_logits(runner: Runner, prompt: jax.Array, inputs: Optional[jax.Array], steps: int):
-    """Logits (B, steps, V) of the prefill and then of steps - 1 decode steps fed `inputs` (B, steps - 1)
-    (None: the model's own greedy tokens); and the greedy tokens of those steps (B, steps)."""
-    logits0, token, cache = runner.start(prompt)
+    """Logits (B, steps, V) of the prefill and then of steps - 1 decode steps, and the greedy tokens of those
+    steps (B, steps). `inputs` (B, >= steps - 1): the tokens fed to the decode steps, the first one included
+    (the bf16 model's greedy tokens, so that one greedy flip at prefill cannot put a different token in the
+    KV cache for every later step); None: the model's own greedy tokens."""
+    logits0, first, cache = runner.start(prompt)
+    token, forced = (first, None) if inputs is None else (inputs[:, 0], inputs[:, 1:])
     toks, logits, _ = make_decode(runner.model, steps - 1, record_logits=True)(
-        runner.params, cache, token, jnp.int32(runner.cfg.prompt), inputs)
+        runner.params, cache, token, jnp.int32(runner.cfg.prompt), forced)
     return (jnp.concatenate([logits0[:, None], logits], axis=1),
-            jnp.concatenate([token[:, None], toks], axis=1))
+            jnp.concatenate([first[:, None], toks], axis=1))
 
 
 def compare(fmt: str, logits: jax.Array, ref_logits: jax.Array, tokens: np.ndarray,
@@ -433,7 +436,7 @@ def run(cfg: Config, formats=FORMATS, *, loop: str = "fori", quantize_head: bool
             ref_tokens = tokens
             check = compare(fmt, ref_logits, ref_logits, tokens, ref_tokens)
         else:
-            logits, _ = teacher_forced_logits(runner, prompt, ref_steps[:, 1:], check_steps)
+            logits, _ = teacher_forced_logits(runner, prompt, ref_steps, check_steps)
             check = compare(fmt, logits, ref_logits, tokens, ref_tokens)
         res = results[fmt] = dict(ms_per_step=sec * 1e3, tokens_per_s=cfg.batch / sec,
                                   weight_bytes=runner.weight_bytes(), check=check, tokens=tokens)
