@@ -14,7 +14,8 @@ dims. Each result is also compared with the jnp reference (a stray read that cha
 here), bits for quantization. One launch per family and variant (about 30 kernels); `--small` also cuts K
 to <= 1056 and the quantized tensor to 129 x 200: racecheck instruments every shared-memory access and
 runs orders of magnitude slower.
-`--only block_fp8,decode` picks families. Exit status 1 on any mismatch.
+`--only block_fp8,decode` picks families, `--match gemv` the matmul cases whose label contains a string
+(racecheck of the streaming GEMV alone). Exit status 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -91,10 +92,10 @@ def _matmul_cases(small: bool):
     return cases
 
 
-def run_matmuls(families, small: bool) -> list[str]:
+def run_matmuls(families, small: bool, match: str = "") -> list[str]:
     failures = []
     for fam, label, fa, fb, a_shape, n, config in _matmul_cases(small):
-        if fam not in families:
+        if fam not in families or match not in label:
             continue
         k = a_shape[-1]
         a = _x(*a_shape)
@@ -172,13 +173,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="smallest shapes (for racecheck / initcheck)")
     ap.add_argument("--only", default=",".join(FAMILIES), help=f"comma-separated subset of {FAMILIES}")
+    ap.add_argument("--match", default="", help="only the matmul cases whose label contains this string")
     args = ap.parse_args(argv)
     families = set(args.only.split(","))
     if jax.default_backend() != "gpu":
         print("needs a GPU (the kernels are what compute-sanitizer checks)", file=sys.stderr)
         return 2
     print(f"target {jb.detect_target()}, families {sorted(families)}")
-    failures = run_matmuls(families, args.small)
+    failures = run_matmuls(families, args.small, args.match)
     if "quantize" in families:
         failures += run_quantize(args.small)
     if "dot_scaled" in families:

@@ -234,6 +234,11 @@ def test_gemv_default_for_few_rows_sized_for_many_programs_per_sm():
     assert cfg.gemv and cfg.block_k // 2 == 256  # 256 bytes of each weight row per K tile
     assert decode.triton.cdiv(p.n, cfg.block_n) * cfg.split_k >= 4 * 132
     assert not decode.default_config(p.__class__(1, False, 16, 7168, 4096, "bf16", "e2m1", "bf16"), "sm_90").gemv
+    # K = 7168 (7 x 1024): the tuned tile's bytes as 16 rows x 1024 codes, not the heuristic
+    tuned = decode._tuned(p, 1, "sm_90")
+    for kind in ("e2m1", "nvfp4"):
+        cfg = decode.default_config(GemmProblem(1, False, 1, 7168, 7168, "bf16", kind, "bf16"), "sm_90")
+        assert (cfg.block_n, cfg.block_k) == (2 * tuned.block_n, tuned.block_k // 2) and cfg.f16_decode
     # a K that 512 codes do not divide takes 256-code tiles
     assert decode.default_config(GemmProblem(1, False, 1, 7168, 768, "bf16", "e2m1", "bf16")).block_k == 256
 

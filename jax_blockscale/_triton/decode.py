@@ -518,6 +518,15 @@ def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
         return None
     gemv = rows <= _FMA_MAX_ROWS
     fields = dict(_SM90_TUNED[p.b_kind][0 if gemv else 1])
+    if gemv:
+        # K not a multiple of the tuned block_k (K = 7168 = 7 * 1024): the same tile bytes as more, shorter
+        # rows. Without this, K = 7168 fell to the heuristic config at 44% of a same-size read (H100,
+        # 2026-11-22, mxfp4 N=7168: 23.6 us against 10.4; `block_k` 1024 with 16 rows kept 69% at K = 4096).
+        # At most down to 512 (256 bytes of fp4 per row): shorter tiles would need so many rows per program
+        # that small N leaves SMs idle; those K take the heuristic below.
+        while p.k % fields["block_k"] and fields["block_k"] > 512:
+            fields["block_k"] //= 2
+            fields["block_n"] *= 2
     block_m = max(1, triton.next_power_of_2(rows)) if gemv else max(16, triton.next_power_of_2(rows))
     config = TileConfig(block_m=block_m, group_m=1, gemv=gemv, **fields)
     try:
