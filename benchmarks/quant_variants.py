@@ -5,10 +5,12 @@
     python -m benchmarks.quant_variants --tiny          # tiny shape, checks the harness (CPU: no kernel time)
     python -m benchmarks.quant_variants --cases nvfp4,fp8_1x128 --default-plan --divs f64,f32   # quotient paths
     python -m benchmarks.quant_variants --cases mxfp8,mxfp8+T --default-plan --cvts int,hw --t-words 0,1
+    python -m benchmarks.quant_variants --cases fp8_1x128+T,mxfp8+T --default-plan --strips 1,2,4 --warps 4,8
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
-the row side's codes transposed ("reuse", square fp8 tiles on both sides). Every variant's outputs are first
+the row side's codes transposed ("reuse", square fp8 tiles on both sides), each side in one pass over the
+tile or in `strips` passes over strips of it (plan's strips=). Every variant's outputs are first
 compared bit for bit with the jnp quantizer run on the same device (`quantize_primitive._reference`); a
 variant that differs is reported and not timed. Rate: ideal bytes (input read once + every output written)
 per second of kernel time (CUPTI, `_kernel_time`), as a fraction of the `x * 2` pass's rate (bf16 read +
@@ -62,19 +64,19 @@ def _nbytes(shapes) -> int:
 
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
-    mode, tile, warps, div, cvt, words = variant
-    overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words)
+    mode, tile, warps, div, cvt, words, strips = variant
+    overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words, strips=strips)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
     run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90, **overrides)
     return jax.jit(lambda x, ts: run(x[None], ts)), p
 
 
-def variants(row, col, modes, tiles, warps, divs=("f64",), cvts=("hw",), words=(None,)):
+def variants(row, col, modes, tiles, warps, divs=("f64",), cvts=("hw",), words=(None,), strips=(None,)):
     out = []
     quotient = any(f is not None and f.name in ("nvfp4", "fp8_block") for f in (row, col))
     fp8 = any(f is not None and f.element.bits == 8 for f in (row, col))
-    for mode, tile, w, div, cvt, tw in itertools.product(modes, tiles, warps, divs, cvts, words):
-        if col is None and (mode != modes[0] or tw != words[0]):
+    for mode, tile, w, div, cvt, tw, st in itertools.product(modes, tiles, warps, divs, cvts, words, strips):
+        if col is None and (mode != modes[0] or tw != words[0] or st != strips[0]):
             continue  # no column side: the mode and its transpose do not matter
         if not quotient and div != divs[0]:
             continue  # MX sides divide by powers of two: no quotient path to choose
@@ -82,10 +84,12 @@ def variants(row, col, modes, tiles, warps, divs=("f64",), cvts=("hw",), words=(
             continue  # no 8-bit elements: the integer encoder either way
         try:
             qk.plan(1, 8192, 8192, qk.Side(row), qk.Side(col), col_mode=mode if col is not None else None,
-                    tile=tile, num_warps=w, div=div, cvt=cvt, t_words=tw if col is not None else None)
+                    tile=tile, num_warps=w, div=div, cvt=cvt, t_words=tw if col is not None else None,
+                    strips=st if col is not None else None)
         except ValueError:
-            continue  # e.g. t_words for fp4 column codes
-        out.append((mode if col is not None else None, tile, w, div, cvt, tw if col is not None else None))
+            continue  # e.g. t_words for fp4 column codes, strips of a "reuse" side
+        out.append((mode if col is not None else None, tile, w, div, cvt, tw if col is not None else None,
+                    st if col is not None else None))
     return out
 
 
@@ -94,13 +98,14 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--modes", default="trans,direct,reuse")
     ap.add_argument("--tiles", default=",".join(f"{a}x{b}" for a, b in TILES))
-    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--warps", default=None, help="default 4,8 (the plan's own with --default-plan)")
     ap.add_argument("--divs", default="f64,f32", help="element quotient paths (plan's div=) for nvfp4 / fp8")
     ap.add_argument("--cvts", default="hw,int", help="fp8 element encoders (plan's cvt=): hw (sm_89+), int")
     ap.add_argument("--t-words", default="1,0",
                     help="column codes through shared memory as words (1) or bytes (0) (plan's t_words=)")
+    ap.add_argument("--strips", default="1", help="passes per side over strips of the tile (plan's strips=)")
     ap.add_argument("--default-plan", action="store_true",
-                    help="the plan's own tile and warps (one variant per mode and div): a quick run")
+                    help="the plan's own tile and warps (unless --warps is given) and column mode: a quick run")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -108,10 +113,11 @@ def main() -> None:
     shape, r = ((256, 512), 2) if args.tiny else ((8192, 8192), 4)
     modes = args.modes.split(",")
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
-    warps = [int(w) for w in args.warps.split(",")]
+    warps = [int(w) for w in (args.warps or "4,8").split(",")]
     divs = args.divs.split(",")
     cvts = args.cvts.split(",")
     words = [bool(int(w)) for w in args.t_words.split(",")]
+    strips = [int(v) for v in args.strips.split(",")]
     on_gpu = jax.default_backend() == "gpu"
     keys = jax.random.split(jax.random.key(0), r)
     xs = [jax.random.normal(k, shape, jnp.bfloat16) for k in keys]
@@ -119,8 +125,8 @@ def main() -> None:
     start = time.perf_counter()
     lines = [f"## Quantization kernel variants, {device}, {datetime.date.today()} (bf16 {shape[0]}x{shape[1]}, "
              f"kernel time, {r} operand sets)", "",
-             "| case | mode | tile | warps | div | cvt | words | kernel µs | wall µs | vs x*2 | bits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | mode | tile | warps | div | cvt | words | strips | kernel µs | wall µs | vs x*2 | bits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = kernel_times(jax.jit(lambda x: x * 2), [(x,) for x in xs])
     base_rate = 2 * xs[0].nbytes / base.profile.kernel_s if on_gpu else math.nan
     print(f"x*2: kernel {base.profile.kernel_s * 1e6:.1f} us, wall {base.wall_s * 1e6:.1f} us", flush=True)
@@ -131,17 +137,18 @@ def main() -> None:
         want = jax.jit(lambda x, ts: qp._reference(x[None], ts, row=(row, "rceil"), col=(col, "rceil")))(xs[0], tss[0])
         if args.default_plan:
             p0 = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
-            tiles_c, warps_c = [(p0.constexprs["BR"], p0.constexprs["BC"])], [p0.num_warps]
+            tiles_c = [(p0.constexprs["BR"], p0.constexprs["BC"])]
+            warps_c = warps if args.warps else [p0.num_warps]
             modes_c = [modes[0]] if col is None else [p0.constexprs["COL_MODE"]]  # the plan's column mode
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
-        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words):
+        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words, strips):
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            mode, tile, w, div, cvt, tw = variant
+            mode, tile, w, div, cvt, tw, st = variant
             head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "
-                    f"{'-' if tw is None else int(tw)} |")
+                    f"{'-' if tw is None else int(tw)} | {st or '-'} |")
             if not on_gpu:  # the kernel does not run on a CPU (no interpreter here): the plan only
                 lines.append(f"{head} - | - | - | not run (CPU) |")
                 continue

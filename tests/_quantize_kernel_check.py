@@ -45,7 +45,7 @@ def run_case(case):
     b = int(np.prod(x.shape[:-2], dtype=np.int64))
     p = qk.plan(b, x.shape[-2], x.shape[-1], qk.Side(row, rounding), qk.Side(col, rounding),
                 col_mode=case.get("col_mode"), div=case.get("div", "f32"), cvt=case.get("cvt", "int"),
-                t_words=case.get("t_words"),
+                t_words=case.get("t_words"), strips=case.get("strips"),
                 tile=tuple(case["tile"]) if "tile" in case else None)
     got = [np.zeros(shape, dtype) for shape, dtype in p.out_shapes]
     args = [x.reshape((b,) + x.shape[-2:]), ts] + got

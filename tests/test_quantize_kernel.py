@@ -64,6 +64,21 @@ CASES += [
          col_mode="direct", tile=[16, 64]),
 ]
 
+# Each side in passes over strips of the program tile (plan strips=, x re-read per strip): fp8 1x128 with its
+# 128 x 1 transposed blocks (the 128 x 128 tile), MX and nvfp4 one-block-high tiles, both column modes.
+CASES += [
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [1, 128]], rounding="rceil", dtype="bf16",
+         shape=[2, 129, 131], seed=301, col_mode="direct", strips=2),
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [1, 128]], rounding="rceil", dtype="f32",
+         shape=[130, 260], seed=302, col_mode="direct", strips=4),
+    dict(row=["fp8_block", [1, 128]], col=["fp8_block", [1, 128]], rounding="rceil", dtype="f16",
+         shape=[129, 140], seed=303, col_mode="trans", strips=2),
+    dict(row=["mxfp8", None], col=["mxfp8", None], rounding="rceil", dtype="bf16", shape=[2, 72, 300], seed=304,
+         col_mode="direct", strips=2),
+    dict(row=["nvfp4", None], col=["nvfp4", None], rounding="rceil", dtype="f32", shape=[40, 300], seed=305,
+         col_mode="direct", strips=2),
+]
+
 # The float64 element quotients (plan div="f64", the jnp quantizer's own arithmetic) beside the default
 # float32 ones, on the nvfp4 / fp8_block cases above.
 CASES += [dict(c, div="f64", seed=c["seed"] + 1000) for c in CASES
@@ -99,7 +114,7 @@ def results():
 
 @pytest.mark.parametrize("index", range(len(CASES)),
                          ids=[f"{c['row'] and c['row'][0]}-{c['col'] and c['col'][0]}-{c['rounding']}-{c['dtype']}"
-                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-cvt_' + c['cvt'] if 'cvt' in c else ''}{'-wordsT' if c.get('t_words') else '-bytesT' if c.get('t_words') is False else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}"
+                              f"{'-' + c['col_mode'] if 'col_mode' in c else ''}{'-' + c['div'] if 'div' in c else ''}{'-cvt_' + c['cvt'] if 'cvt' in c else ''}{'-wordsT' if c.get('t_words') else '-bytesT' if c.get('t_words') is False else ''}{'-%dx%d' % tuple(c['tile']) if 'tile' in c else ''}{'-strips%d' % c['strips'] if 'strips' in c else ''}"
                               for c in CASES])
 def test_kernel_matches_jnp_quantizer_bitwise(results, index):
     result = results[index]

@@ -455,6 +455,51 @@ def _store_side(codes, scales, v_ptr, s_ptr, batch, r0, c0, OUTER: tl.constexpr,
 
 
 @triton.jit
+def _load_tile(x_ptr, batch, r0, c0, R: tl.constexpr, C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """x's (BR, BC) float32 tile at (r0, c0). Out-of-range elements read as zeros: the zero padding of the
+    quantized axes, which leaves every block's amax as it is (quantize pads with zeros too)."""
+    offs_r = r0 + tl.arange(0, BR)
+    offs_c = c0 + tl.arange(0, BC)
+    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
+    return tl.load(x_ptr + batch * (R * C) + offs_r[:, None].to(tl.int64) * C + offs_c[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _column_side(x, codes, scales, ts_ptr, cv_ptr, cs_ptr, batch, r0, c0, C: tl.constexpr, BR: tl.constexpr,
+                 BC: tl.constexpr, C_KIND: tl.constexpr, C_ROUNDING: tl.constexpr, C_TH: tl.constexpr,
+                 C_TW: tl.constexpr, C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr,
+                 C_MIN_EXP: tl.constexpr, C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr,
+                 C_CMANT: tl.constexpr, COL_MODE: tl.constexpr, DIV: tl.constexpr, CVT: tl.constexpr,
+                 T_WORDS: tl.constexpr):
+    """The column side of x's (BR, BC) tile at (r0, c0), stored transposed. codes / scales: the row side's
+    (used by "reuse" only)."""
+    if COL_MODE == "trans":  # quantize x^T row-wise (one float32 transpose of the tile through shared memory)
+        c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
+                                             BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
+        _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW),
+                    C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
+    else:
+        if COL_MODE == "reuse":
+            # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
+            # side's, so its codes and scales are the row side's (uint8 / one per tile).
+            xc_codes, xc_scales = codes, scales
+        else:  # "direct"
+            # Quantize down x's columns where x lies; only the 1-byte codes (and the scales) are transposed
+            # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
+            xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR,
+                                                   BC, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT,
+                                                   DIV, CVT)
+        if T_WORDS:  # the codes transposed as 32-bit words (`_store_values_t_words`)
+            _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
+            _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW),
+                          C_RQ // C_TH, C_TW, C_TH)
+        else:
+            _store_side(tl.trans(xc_codes), tl.trans(xc_scales), cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ,
+                        triton.cdiv(C, C_TW), C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
+
+
+@triton.jit
 def quantize_kernel(
     x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,  # jax-triton appends outputs last
     R: tl.constexpr, C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
@@ -467,52 +512,49 @@ def quantize_kernel(
     C_RQ: tl.constexpr, C_EPB: tl.constexpr, C_MBITS: tl.constexpr, C_MIN_EXP: tl.constexpr,
     C_MAX_BITS: tl.constexpr, C_NBITS: tl.constexpr, C_EMAX: tl.constexpr, C_CMANT: tl.constexpr,
     COL_MODE: tl.constexpr = "trans", DIV: tl.constexpr = "f64", CVT: tl.constexpr = "int",
-    T_WORDS: tl.constexpr = False,
+    T_WORDS: tl.constexpr = False, STRIPS: tl.constexpr = 1,
 ):
     """x (B, R, C) float, ts (2,) float32 nvfp4 tensor scales of the row and column sides -> row side (B, R, R_CQ / R_EPB) values + scales, column side (B, C, C_RQ /
     C_EPB) values + scales. Grid (cdiv(C, BC), cdiv(R, BR), B); a KIND of "none" turns a side off (its
-    pointers are then unused one-element buffers)."""
+    pointers are then unused one-element buffers).
+
+    STRIPS > 1 (both sides on): each side in STRIPS passes over strips of the program's tile, x read again
+    for each (the second read of a tile is an L2 hit; DRAM still sees one pass): the row side over
+    (BR / STRIPS, BC) row strips, then the column side over (BR, BC / STRIPS) column strips. A tile both
+    sides' blocks need whole (fp8 1 x 128 with its 128 x 1 transposed blocks: 128 x 128) then holds a
+    fraction of the registers at a time."""
     pid_c = tl.program_id(0)
     pid_r = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
     r0 = pid_r * BR
     c0 = pid_c * BC
-    offs_r = r0 + tl.arange(0, BR)
-    offs_c = c0 + tl.arange(0, BC)
-    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
-    # Out-of-range elements read as zeros: the zero padding of the quantized axes, which leaves every
-    # block's amax as it is (quantize pads with zeros too).
-    x = tl.load(x_ptr + batch * (R * C) + offs_r[:, None].to(tl.int64) * C + offs_c[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    if R_KIND != "none":
-        codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS, R_MIN_EXP,
-                                         R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
-        _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
-                    R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
-    if C_KIND != "none":
-        if COL_MODE == "trans":  # quantize x^T row-wise (one float32 transpose of the tile through shared memory)
-            c_codes, c_scales = _quantize_blocks(tl.trans(x), tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TW, C_TH,
-                                                 BC, BR, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DIV, CVT)
-            _store_side(c_codes, c_scales, cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ, triton.cdiv(C, C_TW),
-                        C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
-        else:
-            if COL_MODE == "reuse":
-                # Same format and the same (square) 2D tile on both sides: the column side's blocks are the row
-                # side's, so its codes and scales are the row side's (uint8 / one per tile).
-                xc_codes, xc_scales = codes, scales
-            else:  # "direct"
-                # Quantize down x's columns where x lies; only the 1-byte codes (and the scales) are transposed
-                # on the way to the store: a quarter of the shared-memory traffic of transposing float32 x.
-                xc_codes, xc_scales = _quantize_blocks(x, tl.load(ts_ptr + 1), C_KIND, C_ROUNDING, C_TH, C_TW, BR,
-                                                       BC, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT,
-                                                       DIV, CVT)
-            if T_WORDS:  # the codes transposed as 32-bit words (`_store_values_t_words`)
-                _store_values_t_words(xc_codes, cv_ptr, batch, r0, c0, C, C_RQ, BR, BC, CVT == "hw")
-                _store_scales(tl.trans(xc_scales), cs_ptr, batch, c0, r0, BC, BR, triton.cdiv(C, C_TW),
-                              C_RQ // C_TH, C_TW, C_TH)
-            else:
-                _store_side(tl.trans(xc_codes), tl.trans(xc_scales), cv_ptr, cs_ptr, batch, c0, r0, C, C_RQ,
-                            triton.cdiv(C, C_TW), C_RQ // C_TH, C_EPB, BC, BR, C_TW, C_TH)
+    if STRIPS == 1:
+        x = _load_tile(x_ptr, batch, r0, c0, R, C, BR, BC)
+        codes = None
+        scales = None
+        if R_KIND != "none":
+            codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, BR, BC, R_MBITS,
+                                             R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
+            _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0, c0, R, R_CQ, triton.cdiv(R, R_TH),
+                        R_CQ // R_TW, R_EPB, BR, BC, R_TH, R_TW)
+        if C_KIND != "none":
+            _column_side(x, codes, scales, ts_ptr, cv_ptr, cs_ptr, batch, r0, c0, C, BR, BC, C_KIND, C_ROUNDING,
+                         C_TH, C_TW, C_RQ, C_EPB, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT,
+                         COL_MODE, DIV, CVT, T_WORDS)
+    else:
+        SR: tl.constexpr = BR // STRIPS
+        SC: tl.constexpr = BC // STRIPS
+        for i in tl.static_range(STRIPS):
+            x = _load_tile(x_ptr, batch, r0 + i * SR, c0, R, C, SR, BC)
+            codes, scales = _quantize_blocks(x, tl.load(ts_ptr), R_KIND, R_ROUNDING, R_TH, R_TW, SR, BC, R_MBITS,
+                                             R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, DIV, CVT)
+            _store_side(codes, scales, rv_ptr, rs_ptr, batch, r0 + i * SR, c0, R, R_CQ, triton.cdiv(R, R_TH),
+                        R_CQ // R_TW, R_EPB, SR, BC, R_TH, R_TW)
+        for i in tl.static_range(STRIPS):
+            x = _load_tile(x_ptr, batch, r0, c0 + i * SC, R, C, BR, SC)
+            _column_side(x, None, None, ts_ptr, cv_ptr, cs_ptr, batch, r0, c0 + i * SC, C, BR, SC, C_KIND,
+                         C_ROUNDING, C_TH, C_TW, C_RQ, C_EPB, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX,
+                         C_CMANT, COL_MODE, DIV, CVT, T_WORDS)
 
 # ---------------------------------------------------------------------------------------------------------
 # Host side: which formats a side supports, and the launch plan shared by the JAX and interpreter paths.
@@ -631,7 +673,7 @@ def default_cvt(compute_capability: Optional[int]) -> str:
 
 def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional[str] = None,
          tile: Optional[tuple[int, int]] = None, num_warps: Optional[int] = None, div: Optional[str] = None,
-         cvt: str = "int", t_words: Optional[bool] = None) -> Plan:
+         cvt: str = "int", t_words: Optional[bool] = None, strips: Optional[int] = None) -> Plan:
     """Launch plan for x (batch, r, c). The program tile (BR, BC) holds whole blocks of both sides.
 
     col_mode / tile / num_warps override the defaults (benchmarks/quant_variants.py compares them); div
@@ -650,10 +692,15 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
 
     t_words: the column side's 1-byte codes go through shared memory as uint32 words
     (`_store_values_t_words`) instead of bytes; applies to the "direct" and "reuse" column modes with 1-byte
-    codes (not fp4), default where it applies with cvt "hw"."""
-    if div is None:
-        div = "f32" if all(f is not None and f.name == "nvfp4" for f in (row.fmt, col.fmt)) else "f64"
-    if div not in DIVS:
+    codes (not fp4), default where it applies with cvt "hw".
+
+    strips: each side in that many passes over strips of the tile, x re-read per strip (the kernel's
+    STRIPS). Default 2 for tiles of >= 128 x 128 where strips keep whole blocks (fp8 1x128 + its 128 x 1
+    transposed blocks), with div "f32"; else 1. Measured on an H100 (2026-11-22, bf16 8192², kernel time,
+    `quant_variants --strips`): fp8 1x128 + transposed 181 us against 277 in one pass (255 -> 122
+    registers per thread at 8 warps); strips made mxfp8 + transposed (32 x 256) and nvfp4 + transposed
+    (16 x 256) slower (134.8 vs 133.6, 351 vs 291 us), so their tiles keep one pass."""
+    if div is not None and div not in DIVS:
         raise ValueError(f"div must be one of {DIVS}, got {div!r}")
     if cvt not in CVTS:
         raise ValueError(f"cvt must be one of {CVTS}, got {cvt!r}")
@@ -685,8 +732,24 @@ def plan(batch: int, r: int, c: int, row: Side, col: Side, *, col_mode: Optional
         t_words = words_apply and cvt == "hw"
     if t_words and not words_apply:
         raise ValueError("t_words applies to 'direct' / 'reuse' column sides with 1-byte codes only")
+
+    def strips_apply(n: int) -> bool:
+        # Row strips must hold whole row blocks and column strips whole column blocks; "reuse" needs the
+        # row side's codes of the whole tile.
+        return (row.fmt is not None and col.fmt is not None and col_mode != "reuse" and n >= 1 and not n & (n - 1)
+                and n <= min(br, bc) and (br // n) % _tile(row.fmt, False)[0] == 0
+                and (bc // n) % _tile(col.fmt, True)[1] == 0)
+
+    if strips is None:  # 2 for tiles of >= 128 x 128 (fp8 1x128 + transposed), measured; see the docstring
+        strips = 2 if br * bc >= 128 * 128 and strips_apply(2) else 1
+    if strips != 1 and not strips_apply(strips):
+        raise ValueError(f"strips={strips} needs both sides, a column mode other than 'reuse', row strips "
+                         f"({br // max(strips, 1)} rows) holding whole row blocks and column strips "
+                         f"({bc // max(strips, 1)} columns) whole column blocks")
+    if div is None:
+        div = "f32" if strips > 1 or all(f is not None and f.name == "nvfp4" for f in (row.fmt, col.fmt)) else "f64"
     ce = dict(R=r, C=c, BR=br, BC=bc, COL_MODE=col_mode if col.fmt is not None else "trans", DIV=div, CVT=cvt,
-              T_WORDS=t_words,
+              T_WORDS=t_words, STRIPS=strips,
               **_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r))
     shapes = []
     for prefix, side, outer, inner_key in (("R_", row, r, "R_CQ"), ("C_", col, c, "C_RQ")):
