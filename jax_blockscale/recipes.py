@@ -200,13 +200,26 @@ class _Static:
     # On a mesh with Explicit axes, x's and W's shardings: their gradients must have them exactly.
     x_sharding: Optional[jax.sharding.NamedSharding] = None
     w_sharding: Optional[jax.sharding.NamedSharding] = None
+    # W given as a Flax (K, N) kernel, not (N, K): both of its quantized layouts come out of the one
+    # quantization kernel and dW comes out of the wgrad GEMM as (K, N), so no XLA transpose of the weight
+    # or its gradient runs (on an H100, fp8_deepseek d4096: ~3.8 ms of transposes per step).
+    w_kn: bool = False
+
+
+def _swap_wgrad(r: Recipe) -> bool:
+    """dW (K, N) straight from the GEMM, x^T (K, M) . dy^T (N, M), needs the operands in the other order;
+    done where both sides take the same format, so the pair the kernels see is unchanged."""
+    return r.wgrad[0] == r.wgrad[1]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _core(x: jax.Array, w, s: _Static) -> jax.Array:
     """x (*B, M, K) x w (*B, N, K) -> (*B, M, N) with the recipe's forward; same batch dims on both."""
     r = s.recipe
-    qw = w if isinstance(w, BlockScaledArray) else _quantize(w, r.fprop[1], r.rounding)
+    if s.w_kn:  # (K, N): the fprop operand (N, K) along K is the quantization's transposed side
+        qw = _t(w) if r.fprop[1] is None else quantize_sides(w, None, r.fprop[1], r.rounding)[1]
+    else:
+        qw = w if isinstance(w, BlockScaledArray) else _quantize(w, r.fprop[1], r.rounding)
     return _gemm(_quantize(x, r.fprop[0], r.rounding), qw, s.out_dtype)
 
 
@@ -222,6 +235,11 @@ def _core_fwd(x, w, s: _Static):
     if frozen:
         # A pre-quantized weight: W^T along N from its dequantized values (serving, fine-tuning x only).
         qw, w_res = w, (_quantize(_t(_dense(w)), r.dgrad[1], r.rounding) if r.dgrad[1] else w)
+    elif s.w_kn:
+        # W (K, N): along N as it lies (dgrad's (K, N) operand), along K transposed (fprop's (N, K)).
+        wt, qw = quantize_sides(w, r.dgrad[1], r.fprop[1], r.rounding)
+        w_res = wt if r.dgrad[1] else w
+        qw = _t(w) if qw is None else qw
     else:
         qw, wt = quantize_sides(w, r.fprop[1], r.dgrad[1], r.rounding)
         w_res = wt if r.dgrad[1] else w
@@ -236,13 +254,22 @@ def _core_bwd(s: _Static, res, g):
     # dy along N (dgrad) and dy^T along M (wgrad) from one read of dy.
     qg, gt = quantize_sides(g, r.dgrad[0], None if frozen else r.wgrad[0], r.rounding)
     # dgrad: dx (M, K) = dy (M, N) . W^T (K, N)
-    wt = w_res if r.dgrad[1] else _t(_dense(w_res, s.x_dtype))
+    if r.dgrad[1]:
+        wt = w_res
+    else:
+        wt = _dense(w_res, s.x_dtype) if s.w_kn else _t(_dense(w_res, s.x_dtype))
     dx = _gemm(g if qg is None else qg, wt, s.x_dtype, s.x_sharding)
     if frozen:
         return dx, None
-    # wgrad: dW (N, K) = dy^T (N, M) . x^T (K, M)
+    # wgrad: dW (N, K) = dy^T (N, M) . x^T (K, M); for a (K, N) W, dW (K, N) = x^T (K, M) . dy^T (N, M)
     xt = x_res if r.wgrad[1] else _t(x_res)
-    dw = _gemm(_t(g) if gt is None else gt, xt, s.w_dtype, s.w_sharding)
+    gt = _t(g) if gt is None else gt
+    if not s.w_kn:
+        dw = _gemm(gt, xt, s.w_dtype, s.w_sharding)
+    elif _swap_wgrad(r):
+        dw = _gemm(xt, gt, s.w_dtype, s.w_sharding)
+    else:
+        dw = _explicit.like(_t(_gemm(gt, xt, s.w_dtype)), s.w_sharding)
     return dx, dw
 
 
@@ -310,24 +337,30 @@ def recipe_matmul(x: jax.Array, w, recipe: RecipeLike, *, out_dtype=None) -> jax
     the promoted dtype of x and w (x's dtype with a quantized w). Shape and format errors are raised at
     trace time with the reason.
     """
-    r = get_recipe(recipe)
+    return _recipe_matmul(x, w, get_recipe(recipe), out_dtype, w_kn=False)
+
+
+def _recipe_matmul(x, w, r: Recipe, out_dtype, w_kn: bool) -> jax.Array:
+    """recipe_matmul; w_kn: a dense 2-D w given as (K, N) (a Flax kernel), read without a transpose."""
     x = jnp.asarray(x) if not isinstance(x, BlockScaledArray) else x
     w = w if isinstance(w, BlockScaledArray) else jnp.asarray(w)
-    _check(r, x, w)
+    # The checks (and their messages) see the matmul's (N, K) view of a (K, N) kernel.
+    _check(r, x, jax.ShapeDtypeStruct(w.shape[::-1], w.dtype) if w_kn else w)
     out_dtype = _out_dtype(x, w, out_dtype)
-    if not r.quantizes:  # the baseline: plain autodiff of a dense dot
+    if not r.quantizes:  # the baseline: plain autodiff of a dense dot (XLA folds a (K, N) w's transpose in)
+        w = w.T if w_kn else w
         out = _gemm(x if x.ndim > 1 else x[None], w, out_dtype)
         return out if x.ndim > 1 else out[0]
     frozen = isinstance(w, BlockScaledArray)
 
     def core(x, w):
         s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype),
-                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w))
+                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w), w_kn)
         return _core(x, w, s)
 
     if w.ndim == 2:
         lead, k = x.shape[:-1], x.shape[-1]
-        return core(x.reshape(-1, k), w).reshape(*lead, w.shape[0])
+        return core(x.reshape(-1, k), w).reshape(*lead, w.shape[1] if w_kn else w.shape[0])
     batch = jnp.broadcast_shapes(x.shape[:-2], w.shape[:-2])
     # Broadcasting outside the custom_vjp lets autodiff sum dW over broadcast batch dims.
     x = jnp.broadcast_to(x, batch + x.shape[-2:])
@@ -336,19 +369,28 @@ def recipe_matmul(x: jax.Array, w, recipe: RecipeLike, *, out_dtype=None) -> jax
     return core(x, w)
 
 
-def quantized_dense(x: jax.Array, w_t, recipe: RecipeLike, *, out_dtype=None) -> jax.Array:
-    """A dense layer's matmul, `x (..., K) . w_t (N, K)^T -> (..., N)`, with the recipe's three GEMMs.
+def quantized_dense(x: jax.Array, w, recipe: RecipeLike, *, out_dtype=None, w_layout: str = "nk") -> jax.Array:
+    """A dense layer's matmul, `x (..., K) . W -> (..., N)`, with the recipe's three GEMMs.
 
-    `w_t` is the weight in the matmul's (N, K) layout: a Flax (in, out) kernel transposed, or a
-    `BlockScaledArray` from `quantize_weight` for inference.
+    `w_layout="nk"` (default): `w` is the weight in the matmul's (N, K) layout, a Flax (in, out) kernel
+    transposed, or a `BlockScaledArray` from `quantize_weight` for inference. `w_layout="kn"`: `w` is the
+    dense Flax (in, out) = (K, N) kernel itself, and its gradient comes back (K, N). Same values either way;
+    "kn" spares XLA's transposes of the weight and of its gradient in a training step (the quantization
+    kernel writes the transposed layout; the wgrad GEMM writes dW as (K, N)). The Flax layers use it.
     """
-    if not isinstance(w_t, BlockScaledArray) and jnp.ndim(w_t) != 2:
-        raise ValueError(f"quantized_dense takes a 2-D weight (N, K), got shape {jnp.shape(w_t)}; "
-                         f"use recipe_matmul for batched weights")
+    if w_layout not in ("nk", "kn"):
+        raise ValueError(f"w_layout must be 'nk' or 'kn', got {w_layout!r}")
+    if w_layout == "kn" and isinstance(w, BlockScaledArray):
+        raise ValueError("w_layout='kn' is for a dense (K, N) kernel; a BlockScaledArray weight is (N, K) "
+                         "(quantize_weight's layout): pass it with w_layout='nk'")
+    if not isinstance(w, BlockScaledArray) and jnp.ndim(w) != 2:
+        raise ValueError(f"quantized_dense takes a 2-D weight ({w_layout[0].upper()}, {w_layout[1].upper()}), "
+                         f"got shape {jnp.shape(w)}; use recipe_matmul for batched weights")
     x = jnp.asarray(x)
+    r = get_recipe(recipe)
     if x.ndim == 1:
-        return recipe_matmul(x[None], w_t, recipe, out_dtype=out_dtype)[0]
-    return recipe_matmul(x, w_t, recipe, out_dtype=out_dtype)
+        return _recipe_matmul(x[None], w, r, out_dtype, w_layout == "kn")[0]
+    return _recipe_matmul(x, w, r, out_dtype, w_layout == "kn")
 
 
 def quantize_weight(kernel: jax.Array, recipe: RecipeLike) -> BlockScaledArray:

@@ -161,3 +161,28 @@ def test_strips_validated_and_cut_registers():
                                    text=True, check=True).stdout
         regs[strips] = int(re.search(r"REG:(\d+)", usage).group(1))
     assert regs[1] == 255 and regs[2] <= 128, regs
+
+
+@pytest.mark.parametrize("recipe,weight_transposes", [("mxfp8", 0), ("nvfp4", 0), ("fp8_deepseek", 1)])
+def test_flax_dense_training_step_transposes_no_weight(hopper, recipe, weight_transposes):
+    """A Flax Dense passes its (in, out) kernel as it lies (quantized_dense w_layout="kn"): the quantization
+    kernel writes the (N, K) layout and the wgrad GEMM dW as (K, N), so no StableHLO transpose of a
+    weight-shaped tensor remains; fp8_deepseek keeps one, of dW (its wgrad pair 1x128 x 128x128 has no
+    swapped kernel)."""
+    import re
+
+    from jax_blockscale.nn.linen import Dense
+
+    k, n = 256, 384
+    layer = Dense(n, recipe=recipe, dtype=jnp.bfloat16)
+    x = jnp.zeros((128, k), jnp.bfloat16)
+    params = layer.init(jax.random.key(0), x)
+
+    def step(params, x):
+        return jax.grad(lambda p: layer.apply(p, x).astype(jnp.float32).sum())(params)
+
+    text = _stablehlo(step, params, x)
+    shapes = {f"{k}x{n}", f"{n}x{k}"}
+    found = [line for line in text.splitlines() if "stablehlo.transpose" in line
+             and re.search(r"->\s*tensor<(\d+x\d+)x", line).group(1) in shapes]
+    assert len(found) == weight_transposes, "\n".join(found)

@@ -261,3 +261,30 @@ def test_bad_shapes_explain_themselves_at_trace_time():
         jax.eval_shape(lambda: recipe_matmul(X, jb.quantize(W, "mxfp4", axis=0, rounding="rceil"), "w4a8"))
     with pytest.raises(ValueError, match="2-D weight"):
         quantized_dense(X, jnp.stack([W, W]), "mxfp8")
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4", "fp8_deepseek", "w4a8", "bf16"])
+def test_kn_kernel_layout_gives_the_nk_results(name):
+    """quantized_dense(w_layout="kn") reads a Flax (K, N) kernel without a transpose: the same forward bits
+    as the (N, K) weight (the same blocks, quantized by the transposed side of the kernel), and the same
+    gradients up to the wgrad GEMM's summation order, dW coming back (K, N)."""
+    def grads(layout):
+        def loss(x, w):
+            y = quantized_dense(x, w, name, w_layout=layout)
+            return jnp.sum(y * R), y
+        w = W.T if layout == "kn" else W
+        (_, y), (dx, dw) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(X, w)
+        return y, dx, dw.T if layout == "kn" else dw
+
+    (y, dx, dw), (y_kn, dx_kn, dw_kn) = grads("nk"), grads("kn")
+    np.testing.assert_array_equal(np.asarray(y_kn), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(dx_kn), np.asarray(dx))
+    np.testing.assert_allclose(np.asarray(dw_kn), np.asarray(dw), rtol=1e-5, atol=1e-5 * float(jnp.abs(dw).max()))
+    with pytest.raises(ValueError, match="w_layout must be"):
+        quantized_dense(X, W, name, w_layout="kN")
+    with pytest.raises(ValueError, match=r"contraction sizes differ \(256 vs 128\)"):
+        quantized_dense(X, W, name if name != "bf16" else "mxfp8", w_layout="kn")  # (N, K) passed as (K, N)
+    if name != "bf16":
+        qw = _quantize_weight(W.T, name)
+        with pytest.raises(ValueError, match="a BlockScaledArray weight is \\(N, K\\)"):
+            quantized_dense(X, qw, name, w_layout="kn")

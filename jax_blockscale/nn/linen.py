@@ -77,11 +77,11 @@ class Dense(nn.Module):
                                  f"(features, in_features) = {(self.features, k)}")
             dtype = self.dtype or jnp.result_type(inputs, *(() if bias is None else (bias,)))
             x = jnp.asarray(inputs, dtype)
-            w_t = kernel
+            w, layout = kernel, "nk"
         else:
             x, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-            w_t = kernel.T
-        y = quantized_dense(x, w_t, recipe)
+            w, layout = kernel, "kn"  # the (in, out) kernel as it is: no transpose of it or of its gradient
+        y = quantized_dense(x, w, recipe, w_layout=layout)
         if bias is not None:
             y = y + jnp.asarray(bias, y.dtype)
         return y

@@ -62,11 +62,11 @@ class Linear(nnx.Module):
         if isinstance(kernel, BlockScaledArray):
             validation.check_block_scaled(kernel, "kernel")
             dtype = self.dtype or jnp.result_type(inputs, *(() if bias is None else (bias,)))
-            x, w_t = jnp.asarray(inputs, dtype), kernel
+            x, w, layout = jnp.asarray(inputs, dtype), kernel, "nk"
         else:
             x, kernel, bias = nnx.nn.dtypes.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-            w_t = kernel.T
-        y = quantized_dense(x, w_t, self.recipe)
+            w, layout = kernel, "kn"  # the (in, out) kernel as it is: no transpose of it or of its gradient
+        y = quantized_dense(x, w, self.recipe, w_layout=layout)
         if bias is not None:
             y = y + jnp.asarray(bias, y.dtype)
         return y
