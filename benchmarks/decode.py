@@ -5,6 +5,7 @@
     python -m benchmarks.decode --quick       # N=7168, K=4096 only
     python -m benchmarks.decode --gemv-decode # the GEMV's fp4 decode variants vs the tuned config (~1-2 min)
     python -m benchmarks.decode --mma16       # the MMA variants vs the tuned config at M = 8, 16 (~1-2 min)
+    python -m benchmarks.decode --gemv-shapes # M=1 GEMV per model / issue shape vs a same-size read (~2-3 min)
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -434,18 +435,71 @@ def mma16(torch):
     config_variants(torch, (8, 16), MMA16_VARIANTS, {"asm toggled"})
 
 
+# --gemv-shapes: the generation example's projections (qkv, out, gate/up, down of examples/generate.py) and
+# issue #12's shapes; knobs changed from the default config, per weight kind.
+GEMV_SHAPES = [(12288, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (7168, 2048), (7168, 7168),
+               (28672, 8192), (8192, 8192)]
+GEMV_SHAPE_VARIANTS = {
+    "fp4": [("base", {}), ("k1024", dict(block_k=1024)), ("n16 k1024", dict(block_n=16, block_k=1024)),
+            ("n4", dict(block_n=4)), ("st2", dict(num_stages=2)), ("st6", dict(num_stages=6)),
+            ("s2", dict(split_k=2)), ("n16 w8", dict(block_n=16, num_warps=8)),
+            ("pf st2", dict(prefetch=True, num_stages=2))],
+    "fp8": [("base", {}), ("s1", dict(split_k=1)), ("s2", dict(split_k=2)), ("s8", dict(split_k=8)),
+            ("n16 k512", dict(block_n=16, block_k=512)), ("st2", dict(num_stages=2)),
+            ("n8 k1024 s1 st4", dict(block_n=8, block_k=1024, split_k=1, num_stages=4))],
+}
+
+
+def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=GEMV_SHAPE_VARIANTS):
+    """M = 1, bf16 activations: per shape, XLA bf16, a same-size read of each weight and the default decode
+    config ("base") with the knobs of `variants` changed, each checked against the reference (fp32 out)
+    before it is timed; a line per (shape, format): us and the fraction of the same-size read."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import GemmProblem
+
+    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    for n, k in shapes:
+        xa = _activation("bf16", 1, k)
+        ws = _weights("bf16", n, k, 0)
+        print(f"## N={n} K={k}: XLA bf16 {kernel_us(xla, [(xa, w) for w in ws], torch):.2f} us", flush=True)
+        del ws
+        for fb in formats:
+            ws = _weights(fb, n, k, 1)
+            read = same_size_read_us(torch, n, _nbytes(ws[0]))
+            p = GemmProblem(1, False, 1, n, k, "bf16", _KIND[fb], "bf16")
+            base = decode.default_config(p, "sm_90")
+            line = [f"{fb} read {read:.2f}"]
+            for label, changes in variants["fp8" if fb == "mxfp8" else "fp4"]:
+                cfg = base.replace(kernel="decode", **changes)
+                try:
+                    decode.check_config(p, cfg)
+                    if not _checked(xa, ws[0], cfg) < 1e-4:
+                        line.append(f"{label} WRONG")
+                        continue
+                    us = kernel_us(jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), [(xa, w) for w in ws],
+                                   torch)
+                    line.append(f"{label} {us:.2f} ({read / us:.0%})")
+                except Exception as e:  # noqa: BLE001 - an invalid or failing variant is a cell, not a stop
+                    line.append(f"{label} {type(e).__name__}")
+            print("  " + " | ".join(line), flush=True)
+            del ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
+    ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
-    if args.gemv_decode:
+    if args.gemv_shapes:
+        gemv_shapes(torch)
+    elif args.gemv_decode:
         gemv_decode(torch)
     elif args.mma16:
         mma16(torch)

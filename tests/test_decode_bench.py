@@ -2,6 +2,8 @@
 on the jnp reference path (tiny sizes, wall clock), every format gets its same-size read row and every
 variant a checked, timed row. The GPU numbers themselves come from the device."""
 
+import re
+
 import jax
 import pytest
 
@@ -32,3 +34,17 @@ def test_config_variants_runs_on_the_reference(monkeypatch, capsys, variants, fp
             if got:  # checked against the reference and timed: a number, an error within tolerance
                 cells = [c.strip() for c in got[0].split("|")]
                 assert float(cells[5]) > 0 and float(cells[-2]) < 1e-4, got[0]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
+def test_gemv_shapes_runs_on_the_reference(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    monkeypatch.setattr(bench, "CALLS", 2)
+    variants = {"fp4": bench.GEMV_SHAPE_VARIANTS["fp4"][:2], "fp8": bench.GEMV_SHAPE_VARIANTS["fp8"][:2]}
+    bench.gemv_shapes(None, shapes=[(64, 2048)], variants=variants)
+    out = capsys.readouterr().out
+    assert "## N=64 K=2048: XLA bf16" in out
+    for fb, labels in (("mxfp4", ("base", "k1024")), ("mxfp8", ("base", "s1"))):
+        (line,) = [ln for ln in out.splitlines() if ln.strip().startswith(f"{fb} read")]
+        for label in labels:  # a time and a fraction of the read: checked against the reference, then timed
+            assert re.search(rf"\| {label} [\d.]+ \(\d+%\)", line), line
