@@ -92,18 +92,6 @@ for fa, fb, m, split in (("bf16", "mxfp4", 1, 1), ("mxfp8", "mxfp4", 3, 3), ("bf
                       config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=8, block_k=512, group_m=1,
                                   num_warps=4, num_stages=2, split_k=split, gemv=True, prefetch=False,
                                   f16_decode=True)))
-# ... persistent (config.persistent: min(tiles, num_sms) programs striding over the row tiles, one pipelined
-# loop over (tile, K tile)): fewer programs than tiles, tiles that do not divide among them, one row and
-# several, the fp16-route fp4 decode, fp8 and block FP8 weights, quantized activations.
-for fa, fb, m, f16, sms in (("bf16", "mxfp4", 1, True, 3), ("nvfp4", "nvfp4", 3, False, 4),
-                            ("bf16", "mxfp8", 1, False, 5), ("fp8_block", "fp8_block", 2, False, 2),
-                            ("bf16", "nvfp4", 1, True, 64)):
-    seed += 1
-    CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=1536, seed=seed, a_gain=40.0, asm=f16,
-                      out_dtype="float32",
-                      config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=16, block_k=512 if fb in FP4
-                                  else 256, group_m=1, num_warps=4, num_stages=3, split_k=1, gemv=True,
-                                  prefetch=False, f16_decode=f16, persistent=True, num_sms=sms)))
 # The MMA on the tuned sm_90 tiles' shape (32 weight rows, 2 warps: mma.sync): the PTX fp4 decode (emulated)
 # and the fp32 one, quantized activations, the ordered split-K, mxfp8 and fp6 weights.
 for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False, 3), ("mxfp8", "mxfp4", True, 3),
@@ -124,8 +112,7 @@ def _id(case):
     variant = ("default" if not config else
                ("gemv-" if config.get("gemv") else "")
                + ("atomic" if config.get("atomic_split_k") else "fma" if config.get("fma") else "mma")
-               + f"-s{config['split_k']}" + f"-n{config['block_n']}"
-               + (f"-persistent{config['num_sms']}" if config.get("persistent") else ""))
+               + f"-s{config['split_k']}" + f"-n{config['block_n']}")
     return f"{case['fa']}-{case['fb']}-m{case['m']}-{variant}{'-asm' if case.get('asm') else ''}"
 
 
@@ -158,10 +145,6 @@ def test_decode_kernel_matches_reference(results, index):
     assert launch["ASM"] == bool(case.get("asm"))
     if gemv:
         assert launch["F16"] == bool(case.get("asm") and (config or {}).get("f16_decode"))
-        persistent = bool((config or {}).get("persistent"))
-        assert launch["PERSISTENT"] == persistent
-        if persistent:  # min(row tiles, num_sms) programs
-            assert launch["grid"] == [min(-(-case["n"] // config["block_n"]), config["num_sms"]), 1], launch
     if not gemv:
         assert launch["BLOCK_K"] == _block_k(case["fb"])
     assert result["finite"], result

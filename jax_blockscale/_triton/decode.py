@@ -398,7 +398,7 @@ def gemv_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr,
-    NUM_STAGES: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+    NUM_STAGES: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr = False,
 ):
     """As decode_kernel (same operands, outputs and split-K reduction), computed by CUDA-core FMAs over
     small weight tiles: the launcher sizes the grid to several programs per SM so that many 16-byte loads
@@ -406,62 +406,7 @@ def gemv_kernel(
 
     PREFETCH: the next K tile's raw codes and scales are loaded into registers before the current tile is
     decoded (a register double buffer, independent of the software pipeliner); NUM_STAGES goes to
-    `tl.range` for Triton's own pipelining of the loads.
-
-    PERSISTENT (no split-K): a fixed grid of programs strides over the weight's row tiles, one pipelined
-    loop over (tile, K tile) pairs storing each tile's rows after its last K tile, so the loads of the next
-    tile are in flight while a tile finishes and no partial last wave of programs leaves SMs idle."""
-    if PERSISTENT:
-        _gemv_persistent(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                         M, N, K, W_KIND, X_KIND, BLOCK_M, BLOCK_N, BLOCK_K, ATOMIC, WIDE, NUM_STAGES, ASM, F16)
-    else:
-        _gemv_tiles(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                    M, N, K, W_KIND, X_KIND, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, ATOMIC, WIDE, PREFETCH,
-                    NUM_STAGES, ASM, F16)
-
-
-@triton.jit
-def _gemv_persistent(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr,
-                     X_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     ATOMIC: tl.constexpr, WIDE: tl.constexpr, NUM_STAGES: tl.constexpr, ASM: tl.constexpr,
-                     F16: tl.constexpr):
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    GROUP: tl.constexpr = 16 if W_KIND == "nvfp4" else (128 if W_KIND == "block_fp8" else 32)
-    K_TILES: tl.constexpr = K // BLOCK_K
-    N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    offs_m = tl.arange(0, BLOCK_M)
-    my_tiles = (N_TILES - 1 - pid) // programs + 1
-    if M == 1:
-        acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for it in tl.range(0, my_tiles * K_TILES, num_stages=NUM_STAGES):
-        tile = pid + (it // K_TILES) * programs
-        kt = it % K_TILES
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows_w = offs_n % N  # out-of-range rows read a valid row; the store mask drops them
-        if WIDE:
-            rows_w = rows_w.to(tl.int64)
-        codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, rows_w, kt * BLOCK_K, K, W_KIND, BLOCK_K)
-        acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, kt * BLOCK_K, M, K, W_KIND, X_KIND, BLOCK_K, ASM, F16)
-        if kt == K_TILES - 1:
-            if M == 1:
-                total = tl.sum(acc, axis=1)[:, None]
-            else:
-                total = acc
-            store_or_reduce(total, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, tile, 0, M, N,
-                            1, ATOMIC)
-            acc = tl.zeros_like(acc)
-
-
-@triton.jit
-def _gemv_tiles(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr, NUM_STAGES: tl.constexpr,
-                ASM: tl.constexpr, F16: tl.constexpr):
+    `tl.range` for Triton's own pipelining of the loads."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -627,9 +572,6 @@ def _check_gemv(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("block_fp8 weights need block_n dividing 128 (or a multiple of it)")
     if config.split_k < 1 or config.split_k > p.k // config.block_k:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
-    if config.persistent and (config.split_k != 1 or config.num_sms < 1):
-        raise ValueError(f"the persistent GEMV takes split_k == 1 and num_sms >= 1 programs, got split_k="
-                         f"{config.split_k}, num_sms={config.num_sms}")
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
@@ -663,7 +605,7 @@ def kernel_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bo
                   ATOMIC=config.atomic_split_k, WIDE=wide, ASM=asm)
     if config.gemv:
         return gemv_kernel, dict(common, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
-                                 F16=bool(asm and config.f16_decode), PERSISTENT=config.persistent)
+                                 F16=bool(asm and config.f16_decode))
     return decode_kernel, dict(common, FMA=config.fma)
 
 
@@ -706,7 +648,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
                    jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)),
         zeroed_outputs=zeroed,
-        grid=(min(n_tiles, config.num_sms) if config.gemv and config.persistent else n_tiles, split),
+        grid=(n_tiles, split),
         name=name, num_warps=config.num_warps, num_stages=config.num_stages,
         compute_capability=compute_capability, **constexprs,
     )
