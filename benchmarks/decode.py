@@ -128,26 +128,19 @@ def same_size_read_us(torch, n: int, nbytes: int) -> float:
 
 
 def _cublas_blockwise_us(torch, x, ws):
-    """torch cuBLAS blockwise FP8 on the very bytes of our fp8_block operands (benchmarks/_torch.py)."""
-    from benchmarks import _torch as bt
+    """Kernel time (us per call) of torch's cuBLAS blockwise FP8 on the very bytes of our fp8_block operands,
+    checked against the reference first (`benchmarks/_torch.torch_blockwise`, as `benchmarks.quick` times
+    it); None with the reason printed when it does not run."""
+    from benchmarks._timing import TimingConfig
+    from benchmarks._torch import torch_blockwise
 
-    cands = bt._candidates(torch)
-    if not cands:
+    del torch  # torch_blockwise imports it
+    ref0 = jb.reference.matmul(x, ws[0], out_dtype=jnp.float32)
+    out = torch_blockwise([(x, w) for w in ws], ref0, TimingConfig(kernel_time=True))
+    if out.status != "ok" or out.kernel is None or not out.kernel.ok:
+        print(f"  cuBLAS blockwise: {out.status} ({out.note[:160]})", file=sys.stderr)
         return None
-    _, mm = cands[0]
-    ops = [bt._operands(torch, x, w) for w in ws]
-    m = x.shape[0]
-    from torch.profiler import ProfilerActivity, profile
-
-    for a, b, sa, sb in ops[:2]:
-        mm(a, b, sa, sb)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(CALLS):
-            a, b, sa, sb = ops[i % len(ops)]
-            mm(a, b, sa, sb)[:m]
-        torch.cuda.synchronize()
-    return _device_us(prof) / CALLS
+    return out.kernel.kernel_s * 1e6
 
 
 def table(shapes, rows, torch):
@@ -176,7 +169,7 @@ def table(shapes, rows, torch):
                 if fb == "fp8_block" and torch is not None:
                     try:
                         c = _cublas_blockwise_us(torch, xa, ws)
-                        cublas = f"{c / us:.2f}x ({c:.1f} us)" if c else "n/a"
+                        cublas = f"{c / us:.2f}x ({c:.1f} us)" if c else "n/a (see stderr)"
                     except Exception as e:  # noqa: BLE001
                         cublas = f"n/a ({type(e).__name__})"
                 path = jb.explain(xa, ws[0]).kernel

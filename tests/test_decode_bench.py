@@ -48,3 +48,13 @@ def test_gemv_shapes_runs_on_the_reference(monkeypatch, capsys):
         (line,) = [ln for ln in out.splitlines() if ln.strip().startswith(f"{fb} read")]
         for label in labels:  # a time and a fraction of the read: checked against the reference, then timed
             assert re.search(rf"\| {label} [\d.]+ \(\d+%\)", line), line
+
+
+def test_cublas_baseline_is_none_without_cuda(monkeypatch, capsys):
+    # The table's cuBLAS column goes through benchmarks/_torch.torch_blockwise; without a CUDA device (or
+    # torch) it reports why and gives None, never an exception from a stale helper.
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    x = bench._activation("fp8_block", 4, 256)
+    ws = bench._weights("fp8_block", 128, 256, 0)
+    assert bench._cublas_blockwise_us(None, x, ws) is None
+    assert "cuBLAS blockwise: n/a" in capsys.readouterr().err
