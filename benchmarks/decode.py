@@ -99,11 +99,28 @@ def _activation(fmt, m, k):
     return x.astype(jnp.bfloat16) if fmt == "bf16" else jb.quantize_operand(x, fmt, side="a")
 
 
+# The XLA bf16 baseline: x (M, K) . w (N, K)^T, fp32 accumulation, bf16 out.
+_XLA_BF16 = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+
+
 def _checked(x, w, config=None) -> float:
     out = jax.jit(lambda x, w: jb.matmul(x, w, config=config, out_dtype=jnp.float32))(x, w)
     ref = jb.reference.matmul(x, w, out_dtype=jnp.float32)
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _checked_us(p, xa, ws, cfg, torch) -> tuple[float | None, float]:
+    """(us per call, rel err) of the decode kernel with `cfg` on xa . ws: validated, checked against the
+    reference (fp32 output: only the summation order differs, ~1e-6) before it is timed; us is None when
+    the result is wrong. An invalid config or a compile failure raises."""
+    from jax_blockscale._triton import decode
+
+    decode.check_config(p, cfg)
+    err = _checked(xa, ws[0], cfg)
+    if not err < 1e-4:
+        return None, err
+    return kernel_us(jax.jit(lambda x, w: jb.matmul(x, w, config=cfg)), [(xa, w) for w in ws], torch), err
 
 
 def read_ceiling_gbs(torch) -> float:
@@ -150,7 +167,7 @@ def table(shapes, rows, torch):
     print("| M | N | K | format | path | us | GB/s | % read | vs XLA bf16 | vs cuBLAS | rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     mm = jax.jit(lambda x, w: jb.matmul(x, w))
-    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    xla = _XLA_BF16
     for n, k in shapes:
         bf16_ws = _weights("bf16", n, k, 0)
         weights = {fb: _weights(fb, n, k, 1) for fb in sorted({f[2] for f in FORMATS})}
@@ -262,7 +279,7 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
     print(_device_line(torch, n, k, ceiling) + f"; budget {time_budget:.0f} s\n")
     print("| format | M | variant | block_n | block_k | split | warps | stages | prefetch | asm | atomic | us | GB/s | rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    xla = _XLA_BF16
     bf16_ws = _weights("bf16", n, k, 0)
     bf16_bytes = _nbytes(bf16_ws[0])
     summary = []
@@ -342,7 +359,6 @@ def variants(torch, n=7168, k=4096, time_budget=270.0):
     print(f"\nsweep took {time.monotonic() - t0:.0f} s")
 
 
-# The GEMV's fp4 decode variants against dispatch's tuned sm_90 config (`--gemv-decode`): label -> changes.
 # The GEMV's fp4 decode (`--gemv-decode`): label -> the changes to dispatch's tuned config; every label but
 # the first applies to fp4 weights only.
 GEMV_DECODE_VARIANTS = (
@@ -377,7 +393,7 @@ def config_variants(torch, rows: tuple[int, ...], variants, fp4_only: set[str], 
     print(_device_line(torch, n, k, ceiling) + "\n")
     print("| format | M | variant | config | us | GB/s | % read | vs XLA bf16 | rel err (fp32 out) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    xla = _XLA_BF16
     bf16_ws = _weights("bf16", n, k, 0)
     xla_us = {m: kernel_us(xla, [(_activation("bf16", m, k), w) for w in bf16_ws], torch) for m in rows}
     for m, us in xla_us.items():
@@ -400,15 +416,13 @@ def config_variants(torch, rows: tuple[int, ...], variants, fp4_only: set[str], 
                         f"{' gemv' if cfg.gemv else ''}{' pf' if cfg.prefetch and cfg.gemv else ''}"
                         f"{' f16' if cfg.f16_decode else ''}{' asm' if cfg.asm_decode and not cfg.gemv else ''}")
                 try:
-                    decode.check_config(GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16"), cfg)
-                    err = _checked(xa, ws[0], cfg)
-                    if not err < 1e-4:  # fp32 output: only the summation order differs (~1e-6)
-                        print(f"| {fb} | {m} | {label} | {desc} | WRONG | | | | {err:.1e} |", flush=True)
-                        continue
-                    f = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
-                    us = kernel_us(f, [(xa, w) for w in ws], torch)
+                    us, err = _checked_us(GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16"), xa, ws, cfg,
+                                          torch)
                 except Exception as e:  # noqa: BLE001 - a config that is invalid or fails to compile is a row
                     print(f"| {fb} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:60]} | | | | |", flush=True)
+                    continue
+                if us is None:
+                    print(f"| {fb} | {m} | {label} | {desc} | WRONG | | | | {err:.1e} |", flush=True)
                     continue
                 gbs = nb / us / 1e3
                 print(f"| {fb} | {m} | {label} | {desc} | {us:.2f} | {gbs:.0f} | {100 * gbs / ceiling:.0f}% | "
@@ -450,7 +464,7 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
     from jax_blockscale._triton import decode
     from jax_blockscale._triton.problem import GemmProblem
 
-    xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+    xla = _XLA_BF16
     for n, k in shapes:
         xa = _activation("bf16", 1, k)
         ws = _weights("bf16", n, k, 0)
@@ -465,15 +479,11 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
             for label, changes in variants["fp8" if fb == "mxfp8" else "fp4"]:
                 cfg = base.replace(kernel="decode", **changes)
                 try:
-                    decode.check_config(p, cfg)
-                    if not _checked(xa, ws[0], cfg) < 1e-4:
-                        line.append(f"{label} WRONG")
-                        continue
-                    us = kernel_us(jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), [(xa, w) for w in ws],
-                                   torch)
-                    line.append(f"{label} {us:.2f} ({read / us:.0%})")
+                    us, _ = _checked_us(p, xa, ws, cfg, torch)
                 except Exception as e:  # noqa: BLE001 - an invalid or failing variant is a cell, not a stop
                     line.append(f"{label} {type(e).__name__}")
+                    continue
+                line.append(f"{label} WRONG" if us is None else f"{label} {us:.2f} ({read / us:.0%})")
             print("  " + " | ".join(line), flush=True)
             del ws
 

@@ -39,7 +39,7 @@ CLASSES = {
     "LDG": "global load", "LDGSTS": "global load", "LDS": "shared load", "LDSM": "shared load", "STS": "shared store",
     "LDGDEPBAR": "sync", "DEPBAR": "sync", "BAR": "sync",
     "HMMA": "mma", "HGMMA": "mma", "WARPGROUP": "sync",
-    "FSEL": "fp32 mul/add", "HADD2": "f16x2/bf16x2", "PLOP3": "int alu", "ISETP": "int alu",
+    "FSEL": "fp32 mul/add", "PLOP3": "int alu",
 }
 
 

@@ -47,7 +47,7 @@ import math
 import statistics
 import sys
 import time
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax

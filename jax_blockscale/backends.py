@@ -91,8 +91,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # configs in decode._SM90_TUNED): fp4 and mxfp8 weights up to 16 rows (M=1: mxfp4 11.3 us vs
         # upcast 24.4, nvfp4 11.4 vs 20.1, mxfp8 13.0 vs 27.2; M=16: 20.5 vs 28.0, 16.1 vs 21.2, 20.4 vs
         # 26.7; the day's last run, with the fp16-route GEMV decode and the 64-row mxfp8 tile: M=1 9.4 / 10.2
-        # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block FP8 (13.5 / 21.1 / 38.2 vs
-        # block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are not measured yet.
+        # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block
+        # FP8 (13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are
+        # not measured yet.
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",

@@ -30,7 +30,7 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
-from .formats import BlockFP8Format, Format, NVFP4Format
+from .formats import Format, NVFP4Format
 from .quantize import BlockScaledArray, quantize_jnp
 
 __all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p"]
@@ -49,8 +49,8 @@ def _sides(row, col):
 
 
 def _plan(x_shape, row, col, **overrides):
-    """The kernel's launch plan; `overrides` (col_mode, tile, num_warps, div, cvt) for
-    benchmarks/quant_variants.py."""
+    """The kernel's launch plan; `overrides` (`quantize_kernels.plan`'s col_mode, tile, num_warps, div, cvt,
+    t_words, strips) for benchmarks/quant_variants.py."""
     from ._triton.quantize_kernels import plan
 
     b = int(np.prod(x_shape[:-2], dtype=np.int64))

@@ -23,8 +23,9 @@ around the weight read:
   (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
   multiplied by the group's scale once (two fp32 FMA chains per group, no separate adds). The fp4 codes
   decode through fp16 straight to fp32 (`config.f16_decode`, `_fp4_f32_ptx`) where the bf16 decode and its
-  integer widening left the kernel bound by sm_90's half-rate integer pipe (benchmarks/sass_count.py). FMAs make it compute-bound beyond a few rows (16 rows x 29M weights
-  = 16 us of fp32 FMA on an H100), so more rows take the MMA variant.
+  integer widening left the kernel bound by sm_90's half-rate integer pipe (benchmarks/sass_count.py).
+  FMAs make it compute-bound beyond a few rows (16 rows x 29M weights = 16 us of fp32 FMA on an H100), so
+  more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
   partial tile to a workspace, then bumps a per-tile counter with an acq_rel atomic; the program that sees
   SPLIT_K - 1 sums the partials in split order 0..SPLIT_K-1, applies alpha, casts and stores. Which
@@ -138,7 +139,7 @@ def _fp4_f32_ptx() -> str:
     pairs = ((0, "$5", "$7"), (4, "$1", "$3"), (8, "$4", "$6"), (12, "$0", "$2"))
     body = []
     for shift, r0, r1 in pairs:
-        mag = f"shr.b32 m, $8, 3;" if shift == 0 else f"shl.b32 m, $8, {shift - 3};"
+        mag = "shr.b32 m, $8, 3;" if shift == 0 else f"shl.b32 m, $8, {shift - 3};"
         sign = "and.b32 p, $8, 0x80008000;" if shift == 0 else f"shl.b32 p, $8, {shift};\nand.b32 p, p, 0x80008000;"
         body.append(f"{mag}\nand.b32 m, m, 0x0E000E00;\n{sign}\nor.b32 p, p, m;\n"
                     f"mov.b32 {{h0, h1}}, p;\ncvt.f32.f16 {r0}, h0;\ncvt.f32.f16 {r1}, h1;")
@@ -339,7 +340,6 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
     Each group's fp32 dot product is multiplied by the group's scale once, not each element, so the
     per-element work is the decode and one FMA per row. All (R, G, BPG) tensors keep the load's layout
     (one thread holds whole 16-byte groups), so the sums over a group stay inside a thread."""
-    R: tl.constexpr = codes.shape[0]
     G: tl.constexpr = codes.shape[1]
     BPG: tl.constexpr = codes.shape[2]
     FP4: tl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
@@ -412,7 +412,6 @@ def gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     rows_w = offs_n % N  # out-of-range rows read a valid row; the store mask drops them
-    rows_x = offs_m % M
     if WIDE:
         rows_w = rows_w.to(tl.int64)
 

@@ -18,11 +18,13 @@ Bit-identity with the jnp quantizer (quantize.py, the oracle): each per-block an
 is the same IEEE operation the jnp code asks XLA for, in the same order — the MX exponent from the
 amax's bits for all four roundings, the exact power-of-two multiply, the float64 per-block quotients for
 nvfp4 and fp8_block with `reduce_precision`-to-float32 done on the float64 bits (`_rn32`), and the integer
-RNE encoder of `elements.encode` — except the per-element quotients RN32(x / d) of nvfp4 and fp8_block,
-which the jnp code forms in float64 and the kernel either in float64 too or (plan's div="f32") in float32
-with a correction step that gives the same correctly rounded float32 (`_quotient_parts`: proof sketch). Float32 subnormals are kept (Triton emits no .ftz, like XLA:GPU), so the
-kernel matches XLA:GPU's run of the jnp code; tests compare both on the GPU and, through Triton's
-interpreter, against XLA:CPU on normal inputs (XLA:CPU flushes subnormals).
+RNE encoder of `elements.encode` — with two exchanges that give the same bits: the per-element quotients
+RN32(x / d) of nvfp4 and fp8_block, which the jnp code forms in float64, the kernel forms in float64 too or
+(plan's div="f32") in float32 with a correction step (`_quotient_parts`: proof sketch); and on NVIDIA
+sm_89+ (plan's cvt="hw") 8-bit element codes come from the hardware conversion plus a fix-up
+(`_fp8_cvt_ptx`). Float32 subnormals are kept (Triton emits no .ftz, like XLA:GPU), so the kernel matches
+XLA:GPU's run of the jnp code; tests compare both on the GPU and, through Triton's interpreter, against
+XLA:CPU on normal inputs (XLA:CPU flushes subnormals).
 """
 
 from __future__ import annotations
