@@ -1,9 +1,11 @@
 """What benchmarks/sass_count.py and benchmarks/sass_quant.py share: the H100 figures their bounds use, the
-disassembly of a cubin with the tools Triton ships, and the bytes one lane of a load/store moves."""
+disassembly (and register count) of a cubin with the tools Triton ships, and the bytes one lane of a
+load/store moves."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 
@@ -15,15 +17,24 @@ SMEM_BYTES_PER_CLOCK = 128
 _BIN = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin")
 
 
-def disassemble(cubin: bytes, tool: str = "nvdisasm") -> str:
-    """SASS text of `cubin`: nvdisasm (`-c`: with branch labels, which sass_count's loop finder needs) or
-    cuobjdump (`-sass`: call targets as addresses, which sass_quant's slow-path split needs)."""
-    args = {"nvdisasm": ["-c"], "cuobjdump": ["-sass"]}[tool]
+def _run(tool: str, args: list[str], cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         return subprocess.run([os.path.join(_BIN, tool), *args, f.name], check=True, capture_output=True,
                               text=True).stdout
+
+
+def disassemble(cubin: bytes, tool: str = "nvdisasm") -> str:
+    """SASS text of `cubin`: nvdisasm (`-c`: with branch labels, which sass_count's loop finder needs) or
+    cuobjdump (`-sass`: call targets as addresses, which sass_quant's slow-path split needs)."""
+    return _run(tool, {"nvdisasm": ["-c"], "cuobjdump": ["-sass"]}[tool], cubin)
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the (one) kernel in `cubin` (cuobjdump's resource usage)."""
+    usage = _run("cuobjdump", ["--dump-resource-usage"], cubin)
+    return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def access_bytes(opcode: str) -> int:

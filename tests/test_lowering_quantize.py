@@ -126,13 +126,7 @@ def test_strips_validated_and_cut_registers():
     """plan strips=: each side in passes over strips of the tile. Rejected where a strip would cut a block or
     there is nothing to split; for fp8 1x128 + transposed (a 128 x 128 tile) it takes the kernel off
     255 registers per thread (sm_90 cubin, cuobjdump's resource usage)."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-
+    from benchmarks._sass import registers
     from jax_blockscale._triton import quantize_kernels as qk
     from jax_blockscale._triton.compile import compile_kernel
     from jax_blockscale.formats import get_format
@@ -140,26 +134,20 @@ def test_strips_validated_and_cut_registers():
     f8 = get_format("fp8_block", block=(1, 128))
     sq = get_format("fp8_block", block=(128, 128))
     mx = get_format("mxfp8")
-    for row, col, strips, kw in [(f8, None, 2, {}), (sq, sq, 2, {}), (f8, f8, 3, {}), (mx, mx, 64, dict(tile=(32, 64))),
-                                 (mx, mx, 0, {})]:
+    for row, col, strips, kw in [(f8, None, 2, {}), (sq, sq, 2, {}), (f8, f8, 3, {}),
+                                 (mx, mx, 64, dict(tile=(32, 64))), (mx, mx, 0, {})]:
         with pytest.raises(ValueError, match="strips"):
             qk.plan(1, 512, 1024, qk.Side(row), qk.Side(col), strips=strips, **kw)
     # mxfp8 + transposed, 32 x 256 tile: 16-row strips hold the 1 x 32 row blocks, 128-column ones the
     # 32 x 1 column blocks
     assert qk.plan(1, 512, 1024, qk.Side(mx), qk.Side(mx), strips=2).constexprs["STRIPS"] == 2
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     regs = {}
     for strips in (1, 2):
         p = qk.plan(1, 8192, 8192, qk.Side(f8), qk.Side(f8), cvt="hw", strips=strips)
         sig = dict(x_ptr="*bf16", ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*fp32", cv_ptr="*u8", cs_ptr="*fp32")
-        cubin = compile_kernel(qk.quantize_kernel, target="sm_90", signature=sig, constexprs=p.constexprs,
-                               num_warps=p.num_warps, num_stages=1).asm["cubin"]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-            fh.write(cubin)
-            fh.flush()
-            usage = subprocess.run([cuobjdump, "--dump-resource-usage", fh.name], capture_output=True,
-                                   text=True, check=True).stdout
-        regs[strips] = int(re.search(r"REG:(\d+)", usage).group(1))
+        regs[strips] = registers(compile_kernel(qk.quantize_kernel, target="sm_90", signature=sig,
+                                                constexprs=p.constexprs, num_warps=p.num_warps,
+                                                num_stages=1).asm["cubin"])
     assert regs[1] == 255 and regs[2] <= 128, regs
 
 
