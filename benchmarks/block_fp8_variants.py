@@ -15,7 +15,9 @@ Config specs (`--configs`, comma-separated; tokens joined by ':'):
   tma            the old TMA kernel, 128 x 128, 8 warps, 4 stages
   ws             the persistent kernel's default (128 x 128, warp-specialized, 4 warps, 4 stages)
   p              the persistent kernel without warp specialization (8 warps unless :wN)
-then modifiers: BMxBN tile (e.g. 128x64), wN warps, sN stages, gN group_m, smsN programs, flat (flatten
+  gluon          the Gluon kernel (asynchronous wgmma, promotion overlapped; block_fp8_gluon.py)
+then modifiers: BMxBN tile (e.g. 128x64), wN warps, sN stages, gN group_m, smsN programs, rN registers per
+thread at most (PTX .maxnreg), flat (flatten
 the tile and K loops), pf (scales prefetched a K step ahead), at (activation scales transposed by XLA).
 """
 
@@ -59,16 +61,19 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
         cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4, tma=True)
     elif base == "ws":
         cfg = block_fp8_persistent.ws_config(p).replace(warp_specialize=True, num_warps=4)
+    elif base == "gluon":
+        cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
+                         persistent=True, gluon=True)
     elif base == "p":
         cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
                          persistent=True)
     else:
-        raise ValueError(f"config {spec!r}: unknown base {base!r} (old, tma, ws, p)")
+        raise ValueError(f"config {spec!r}: unknown base {base!r} (old, tma, ws, p, gluon)")
     flags = {"flat": "flatten", "pf": "prefetch_scales", "at": "a_scales_t"}
-    numbers = {"w": "num_warps", "s": "num_stages", "g": "group_m", "sms": "num_sms"}
+    numbers = {"w": "num_warps", "s": "num_stages", "g": "group_m", "sms": "num_sms", "r": "max_registers"}
     for mod in mods:
         tile = re.fullmatch(r"(\d+)x(\d+)", mod)
-        number = re.fullmatch(r"(sms|w|s|g)(\d+)", mod)
+        number = re.fullmatch(r"(sms|w|s|g|r)(\d+)", mod)
         if tile:
             cfg = cfg.replace(block_m=int(tile[1]), block_n=int(tile[2]))
         elif number:

@@ -86,3 +86,27 @@ def test_bitwise_deterministic(persistent, capability):
     first = np.asarray(run(persistent, p, operands, capability))
     second = np.asarray(run(persistent, p, operands, capability))
     assert np.array_equal(first.view(np.uint16), second.view(np.uint16))
+
+
+GLUON = TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4, persistent=True, gluon=True)
+
+
+@pytest.mark.parametrize("m,n,k,out,sms", [
+    (1, 333, 256, "fp32", 132),      # one row; N = 333: rows not 16-byte aligned, the pointer store
+    (300, 520, 768, "bf16", 132),    # ragged tiles, TMA store, 6 K blocks (even)
+    (129, 200, 384, "fp16", 132),    # 3 K blocks (odd)
+    (1000, 1100, 128, "fp32", 132),  # one K block: nothing in flight to overlap
+    (777, 336, 1152, "fp32", 5),     # more tiles than programs: the loads run ahead across tiles
+])
+def test_gluon_kernel(persistent, capability, m, n, k, out, sms):
+    check(persistent, fp8(2, False, m, n, k, out), capability, GLUON.replace(num_sms=sms))
+
+
+def test_gluon_full_k_matches_persistent_and_is_deterministic(persistent, capability):
+    p = fp8(1, False, 2048, 2048, 1536)
+    operands, ref = make_case(p, k_live=p.k)
+    new = run(persistent, p, operands, capability, GLUON)
+    assert_close(new, ref, tolerance(p))
+    assert_close(new, run(persistent, p, operands, capability).astype(np.float32), tolerance(p))
+    again = run(persistent, p, operands, capability, GLUON)
+    assert np.array_equal(np.asarray(new).view(np.uint16), np.asarray(again).view(np.uint16))

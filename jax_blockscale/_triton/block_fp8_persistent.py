@@ -165,6 +165,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("the persistent kernel takes neither split_k, swap_ab nor tma (they select other kernels)")
     if config.num_sms < 1:
         raise ValueError(f"num_sms must be >= 1, got {config.num_sms}")
+    if config.max_registers and not 24 <= config.max_registers <= 255:
+        raise ValueError(f"max_registers must be 0 (the compiler's choice) or within 24..255, got "
+                         f"{config.max_registers}")
     if config.warp_specialize and config.num_warps != 4:
         # Triton 3.6's Hopper warp specializer builds one producer and two consumer warp groups from a
         # 4-warp kernel; with other counts it leaves the loop unspecialized.
@@ -177,8 +180,14 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 
 
 # The warp-specialized loop (`ws_config`) compiles and, launched with its 12 warps, runs on an H100, but its
-# results were wrong there (relative Frobenius error 0.233 on every tested shape, 2026-11-22): launches
-# are refused unless this is set (for debugging it on a device).
+# results are wrong there (relative Frobenius error 0.23-0.55). Diagnosed on the H100 (2026-11-22): rows 0-63
+# of every tile are exact and rows 64-127 wrong, with unit scales too. Triton 3.6 splits the 128-row tile
+# between two consumer partitions (warps 4-7 and 8-11); the TTGIR is right (the second partition's
+# `offs_m` is make_range(64, 128)), but its lowering offsets that range by the partition's warp index
+# from the first worker warp, so the second consumer reads the activation scales of rows 128-191 instead
+# of 64-127 (PTX: `or.b32 ..., 128` where 64 belongs). A scale tile loaded by TMA instead avoids the
+# index but the specializer then issues it synchronously inside each consumer. Launches are refused
+# unless this is set (for debugging it on a device).
 ALLOW_WARP_SPECIALIZE = False
 
 
@@ -219,6 +228,11 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if config.warp_specialize and not ALLOW_WARP_SPECIALIZE:
         raise ValueError("the warp-specialized persistent block FP8 kernel gave wrong results on an H100 "
                          "(relative error 0.23, 2026-11-22, Triton 3.6): refused until that is understood")
+    if config.gluon:
+        from . import block_fp8_gluon
+
+        return block_fp8_gluon.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=config,
+                                      compute_capability=compute_capability)
     if not config.persistent:
         from . import block_fp8
 
@@ -237,7 +251,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         persistent_block_fp8_kernel, a_values, a_scales, b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
         out_shape=jax.ShapeDtypeStruct((batches, rows, p.n), OUT_DTYPES[p.out_dtype]), grid=(programs, 1, 1),
         num_warps=config.num_warps if ws or not config.warp_specialize else 8, num_stages=config.num_stages,
-        compute_capability=compute_capability, name="block_fp8_persistent_gemm",
+        compute_capability=compute_capability, name="block_fp8_persistent_gemm", maxnreg=config.max_registers,
         M=rows, N=p.n, K=p.k, BATCHES=batches, B_BATCHED=p.b_batched, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, NUM_STAGES=config.num_stages,
         WARP_SPECIALIZE=ws, FLATTEN=config.flatten, TMA_STORE=tma_store_ok(p, ws, batches),

@@ -55,6 +55,9 @@ def compile_kernel(
     import triton
     from triton.compiler import ASTSource
 
+    if getattr(kernel, "is_gluon", lambda: False)():  # a @gluon.jit kernel: its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
+
     full_signature = dict(signature)
     full_signature.update({name: "constexpr" for name in constexprs})
     # jax-triton promises Triton 16-byte-aligned buffers; say the same here so the compiled code (vector

@@ -52,17 +52,18 @@ def _abstract_eval(*avals, out_shapes, **_):
 
 def scratch_call(kernel, *args: jax.Array, out_shape: jax.ShapeDtypeStruct, grid: Sequence[int],
                  num_warps: int, num_stages: int, compute_capability: int, name: str,
-                 **constexprs: Any) -> jax.Array:
+                 maxnreg: int = 0, **constexprs: Any) -> jax.Array:
     """Launches `kernel(*args, out, **constexprs)` on `grid` with its global scratch provided.
 
     Same conventions as `jt.call`: every argument is an array (pointer), the single output follows the
-    inputs, everything else is a constexpr. CUDA only.
+    inputs, everything else is a constexpr. CUDA only. `maxnreg` > 0 caps registers per thread (PTX
+    `.maxnreg`), e.g. so that two programs fit on one SM.
     """
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     (out,) = scratch_call_p.bind(
         *args, out_shapes=(jax.ShapeDtypeStruct(out_shape.shape, out_shape.dtype),), kernel=kernel, grid=grid,
         num_warps=num_warps, num_stages=num_stages, compute_capability=compute_capability, name=name,
-        constexprs=tuple(sorted(constexprs.items())),
+        maxnreg=int(maxnreg), constexprs=tuple(sorted(constexprs.items())),
     )
     return out
 
@@ -72,9 +73,11 @@ def _signature(kernel, avals) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(kernel, signature: tuple, constexprs: tuple, num_warps: int, num_stages: int, target: str):
+def _compile(kernel, signature: tuple, constexprs: tuple, num_warps: int, num_stages: int, target: str,
+             maxnreg: int = 0):
+    options = {"maxnreg": maxnreg} if maxnreg else {}
     return compile_kernel(kernel, target=target, signature=dict(signature), constexprs=dict(constexprs),
-                          num_warps=num_warps, num_stages=num_stages)
+                          num_warps=num_warps, num_stages=num_stages, **options)
 
 
 def needs_scratch(compiled) -> tuple[int, int]:
@@ -128,9 +131,10 @@ def _emit(ctx, args, compiled, *, binary: str, compute_capability: int, num_warp
 
 
 def _lowering(ctx, *args, out_shapes, kernel, grid, num_warps, num_stages, compute_capability, name,
-              constexprs):
+              maxnreg, constexprs):
     signature = _signature(kernel, list(ctx.avals_in) + list(ctx.avals_out))
-    compiled = _compile(kernel, signature, constexprs, num_warps, num_stages, f"sm_{compute_capability}")
+    compiled = _compile(kernel, signature, constexprs, num_warps, num_stages, f"sm_{compute_capability}",
+                        maxnreg)
     scratch_shapes = [jax.core.ShapedArray((_scratch_bytes(b, grid),), jnp.uint8)
                       for b in needs_scratch(compiled)]
     return _emit(ctx, args, compiled, binary=compiled.asm["ptx"], compute_capability=compute_capability,
