@@ -7,19 +7,25 @@ the promotion consumes the dot's result in the same loop iteration, so Triton 3.
 meet at a CTA barrier each step. Measured on an H100 (2026-11-22, kernel time), the persistent Triton
 kernel (block_fp8_persistent.py) reached 0.71-0.77x of cuBLAS blockwise FP8.
 
-Gluon (Triton 3.6's explicit-layout dialect) exposes the asynchronous wgmma directly, so the loop here is
-software-pipelined by hand, as DeepGEMM overlaps promotion with the next MMA:
+Gluon (Triton 3.6's explicit-layout dialect) exposes the asynchronous wgmma directly, so the K loop here is
+software-pipelined by hand, the overlap DeepGEMM gets from its promotion:
 
-    step i:  wait for K step i's tiles (TMA mbarrier)
-             issue wgmma(i) into a fresh fp32 partial           (tensor cores)
-             wait until at most one wgmma is pending              -> partial(i-1) is complete
-             acc += partial(i-1) * scale(i-1)                     (CUDA cores, during wgmma(i))
-             at a tile's last K step: epilogue (TMA store), acc = 0
-             TMA-load K step i + STAGES - 1 into the stage wgmma(i-1) read
+    K step i:  wait for its tiles (TMA mbarrier); issue wgmma(i) into a fresh fp32 partial  (tensor cores)
+               wait until at most one wgmma is pending          -> partial(i-1) is complete
+               acc += partial(i-1) * scale(i-1)                (CUDA cores, during wgmma(i))
+               TMA-load step i-1 + STAGES into the stage wgmma(i-1) read
 
-The steps run over every (tile, K block) pair of a persistent program in one flat loop, so the next
-tile's loads and first wgmma overlap this tile's last promotion and its epilogue. Registers per thread
-(8 warps, 128 x 128 tile): the accumulator and two partials, 64 fp32 each.
+Two partials alternate (the loop is unrolled by two). Loads are numbered over all (tile, K block) steps
+of a persistent program, so the next tile's tiles arrive during this tile's last steps and its epilogue;
+each tile drains its last wgmma before the epilogue. Registers per thread (8 warps, 128 x 128 tile): the
+accumulator and the two partials, 64 fp32 each.
+
+Status (H100, 2026-11-22): correct (GPU tests), but 0.51x cuBLAS blockwise against 0.77x for the
+persistent Triton kernel: ptxas reports that it serializes every wgmma of the kernel (info C7514/C7515,
+"non wgmma instructions reading/defining accumulator registers ... between start and end of the pipeline
+stage"), because LLVM's register allocation copies the partials' registers while a wgmma is pending. So
+it is opt-in (`TileConfig(persistent=True, gluon=True)`); the measurement is in
+benchmarks/results/block_fp8_variants_h100_2026-11-22_session8.md.
 
 Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in the kernel (global scratch,
 `launch.scratch_call`); a's scales (M, K/128) and b's (ceil(N/128), K/128) fp32 as the contract gives
