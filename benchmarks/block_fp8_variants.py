@@ -52,7 +52,7 @@ DEFAULT_CONFIGS = ("old", "tma", "ws", "ws:s3", "ws:s5", "ws:at", "ws:g16", "ws:
 
 def parse_config(spec: str, p: GemmProblem) -> TileConfig:
     """A TileConfig from a spec (module docstring); raises ValueError naming the bad token."""
-    from jax_blockscale._triton import block_fp8, block_fp8_persistent
+    from jax_blockscale._triton import block_fp8, block_fp8_gluon, block_fp8_persistent
 
     base, *mods = spec.split(":")
     if base == "old":
@@ -62,8 +62,7 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
     elif base == "ws":
         cfg = block_fp8_persistent.ws_config(p).replace(warp_specialize=True, num_warps=4)
     elif base == "gluon":
-        cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
-                         persistent=True, gluon=True)
+        cfg = block_fp8_gluon.default_config(p)
     elif base == "p":
         cfg = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
                          persistent=True)

@@ -101,6 +101,12 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     opt_in="slower than the kernels below on an H100 for these pairs (2026-11-22): block FP8 "
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
                            "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured"),
+        KernelEntry("block_fp8_gluon", _BLOCK_FP8_PAIR, "native",
+                    "persistent Gluon kernel: asynchronous fp8 wgmma, each 128-K block promoted while the next "
+                    "one multiplies",
+                    opt_in="0.51x cuBLAS blockwise on an H100 (2026-11-22, kernel time) against 0.77x for "
+                           "block_fp8_persistent below: ptxas serializes its wgmma (info C7514/C7515, "
+                           "accumulator registers copied while a wgmma is pending)"),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM over grouped 128 x 128 tiles): TMA loads, fp8 e4m3 wgmma, "
                     "fp32 promotion per 128-K block with the next step's scales prefetched (0.71x cuBLAS "

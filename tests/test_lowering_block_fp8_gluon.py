@@ -3,8 +3,9 @@
 What they prove without a GPU: the kernel builds its TMA descriptors in the kernel (global scratch), loads
 with TMA and multiplies with fp8 e4m3 wgmma; each K block's wgmma is asynchronous (`wgmma.wait_group 1`:
 one wgmma stays in flight while the previous block is promoted); the launcher's checks refuse what the
-kernel cannot take; `jb.matmul` with a gluon config lowers to one launch of min(NUM_SMS, tiles)
-programs; `launch.scratch_call` passes a register cap through to the PTX. GPU results: test_gpu_block_fp8_persistent.
+kernel cannot take; the dispatch table reaches it only when a config names it, and `jb.matmul` with its
+default config then lowers to one launch of min(NUM_SMS, tiles) programs; `launch.scratch_call` passes a
+register cap through to the PTX. GPU results: test_gpu_block_fp8_persistent.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_blockscale as jb  # noqa: E402
+from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import block_fp8_gluon as bg, block_fp8_persistent as bp  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
@@ -56,7 +58,8 @@ def test_pointer_store_when_rows_are_not_16_byte_aligned():
 
 @pytest.mark.parametrize("problem,changes,message", [
     (BIG, dict(block_n=64), "128 x 128 x 128"),
-    (BIG, dict(num_warps=12), "num_warps"),
+    (BIG, dict(num_warps=4), "8 warps"),
+    (BIG, dict(num_warps=12), "8 warps"),
     (BIG, dict(num_stages=1), "num_stages"),
     (BIG, dict(num_sms=0), "num_sms"),
     (GemmProblem(2, True, 256, 256, 256, "block_fp8", "block_fp8", "bf16"), {}, "unbatched weight"),
@@ -67,14 +70,24 @@ def test_check_config_refuses(problem, changes, message):
         bg.check_config(problem, bg.default_config(problem).replace(**changes))
 
 
-def test_matmul_with_a_gluon_config_lowers_to_one_launch():
+def test_dispatch_reaches_it_only_when_named():
+    big = dict(rows=8192, n=8192, k=8192)
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", **big).kernel == "block_fp8_persistent"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", kernel="block_fp8_gluon", **big).kernel \
+        == "block_fp8_gluon"
+    assert bg.default_config(BIG).kernel == "block_fp8_gluon"
+    for target in ("sm_100", "gfx950"):  # Hopper's wgmma only
+        with pytest.raises(ValueError, match="no entry"):
+            backends.choose(target, "block_fp8", "block_fp8", kernel="block_fp8_gluon", **big)
+
+
+def test_matmul_with_its_default_config_lowers_to_one_launch():
     from _jax_triton import lowered_for_cuda
     from jax_blockscale._triton import jt
 
     rng = np.random.default_rng(0)
     a = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 1024)), jnp.float32), "fp8_block", side="a")
     b = jb.quantize_operand(jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32), "fp8_block", side="b")
-    assert jb.explain(a, b, target="sm_90").kernel == "block_fp8_persistent"  # its launcher routes the config
     lowered = lowered_for_cuda(lambda a, b: jb.matmul(a, b, target="sm_90", config=bg.default_config(BIG)), a, b)
     (kernel,) = jt.lowered_kernels(lowered)
     assert ".entry block_fp8_gluon_kernel" in kernel.decode("latin-1")

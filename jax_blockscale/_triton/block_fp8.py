@@ -32,6 +32,13 @@ _INT32_LIMIT = 2**31
 _TYPICAL_SM_COUNT = 132
 
 OUT_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
+# TMA: global strides must be multiples of 16 bytes.
+_TMA_ALIGN = 16
+
+
+def out_rows_tma_aligned(p: GemmProblem) -> bool:
+    """Whether the (M, N) output's rows are 16-byte aligned, as a TMA store needs (else a masked store)."""
+    return (p.n * jnp.dtype(OUT_DTYPES[p.out_dtype]).itemsize) % _TMA_ALIGN == 0
 
 
 def operand_dtypes(kind: str) -> tuple[jnp.dtype, jnp.dtype | None]:

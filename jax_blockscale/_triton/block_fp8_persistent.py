@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch
+from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch, out_rows_tma_aligned
 from .problem import BLOCK_FP8, GemmProblem, TileConfig
 from .tiling import grouped_tile, tma_descriptor, tma_load, promote_block
 
@@ -39,8 +39,6 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 
 # H100 SXM / H200: 132 SMs. One program per SM; a GPU with fewer SMs still runs correctly (programs queue).
 DEFAULT_NUM_SMS = 132
-# TMA: global strides must be multiples of 16 bytes.
-_TMA_ALIGN = 16
 
 
 @triton.jit
@@ -217,8 +215,7 @@ def ws_config(p: GemmProblem) -> TileConfig:
 def tma_store_ok(p: GemmProblem, warp_specialize: bool, batches: int) -> bool:
     """The TMA store needs 16-byte-aligned output rows; Triton 3.6's warp specializer fails on the 3D
     (batched) descriptor store, so batched problems store through pointers there."""
-    aligned = (p.n * jnp.dtype(OUT_DTYPES[p.out_dtype]).itemsize) % _TMA_ALIGN == 0
-    return aligned and not (warp_specialize and batches > 1)
+    return out_rows_tma_aligned(p) and not (warp_specialize and batches > 1)
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
@@ -228,11 +225,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if config.warp_specialize and not ALLOW_WARP_SPECIALIZE:
         raise ValueError("the warp-specialized persistent block FP8 kernel gave wrong results on an H100 "
                          "(relative error 0.23, 2026-11-22, Triton 3.6): refused until that is understood")
-    if config.gluon:
-        from . import block_fp8_gluon
-
-        return block_fp8_gluon.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=config,
-                                      compute_capability=compute_capability)
     if not config.persistent:
         from . import block_fp8
 

@@ -95,9 +95,6 @@ class TileConfig:
     # Registers per thread capped (PTX .maxnreg; 0: the compiler's choice), e.g. 128 so that two 8-warp
     # programs share an SM and one's promotion overlaps the other's wgmma.
     max_registers: int = 0
-    # The Gluon block FP8 kernel (block_fp8_gluon.py): asynchronous wgmma, each K block promoted while the
-    # next one multiplies.
-    gluon: bool = False
     # Decode kernel variants (decode.py; ignored elsewhere): CUDA-core FMAs instead of the swapped MMA,
     # fp32 atomics for split-K (not bitwise deterministic) instead of the ordered workspace reduction, and
     # the inline-PTX fp4 decode on NVIDIA targets.
