@@ -153,7 +153,7 @@ def aggregate(events: Iterable[DeviceEvent], calls: int, ops_per_call: int = 1, 
 # CUTLASS, and XLA's own Triton GEMM fusions ("gemm_fusion_dot", "triton_gemm"). XLA loop/reduce fusions
 # carry the fusion's name, not what it computes, so a dequantize or quantize done by XLA counts as other.
 _QUANT_RE = re.compile(r"^_*(jbs_)?quantize", re.IGNORECASE)
-_GEMM_RE = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|splitkreduce|block_fp8_kernel|upcast_kernel|decode|"
+_GEMM_RE = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|splitkreduce|block_fp8_\w*kernel|upcast_kernel|decode|gemv|"
                       r"scaled_gemm|matmul_kernel|wgmma", re.IGNORECASE)
 
 

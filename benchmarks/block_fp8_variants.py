@@ -1,7 +1,7 @@
-"""Block FP8 GEMM on Hopper: the old kernels vs the persistent warp-specialized one vs cuBLAS, as a config sweep.
+"""Block FP8 GEMM on Hopper: the one-program-per-tile, persistent and Gluon kernels vs cuBLAS, as a config sweep.
 
     python -m benchmarks.block_fp8_variants                          # default configs, the 5 issue-#13 shapes
-    python -m benchmarks.block_fp8_variants --configs old,ws:s4,ws:s3,p:w8:s4:flat --shapes 8192x8192x8192
+    python -m benchmarks.block_fp8_variants --configs gluon,gluon:128x128:s4,p:s4:pf --shapes 8192x8192x8192
     python -m benchmarks.block_fp8_variants --tiny                   # tiny shapes: checks the script runs
 
 Every row is checked against the jnp reference (`jb.reference.matmul` on the same quantized operands)
@@ -15,7 +15,7 @@ Config specs (`--configs`, comma-separated; tokens joined by ':'):
   tma            the old TMA kernel, 128 x 128, 8 warps, 4 stages
   ws             the persistent kernel's default (128 x 128, warp-specialized, 4 warps, 4 stages)
   p              the persistent kernel without warp specialization (8 warps unless :wN)
-  gluon          the Gluon kernel (asynchronous wgmma, promotion overlapped; block_fp8_gluon.py)
+  gluon          the Gluon kernel (warp-specialized, 128 x 256 tiles, 3 stages; block_fp8_gluon.py)
 then modifiers: BMxBN tile (e.g. 128x64), wN warps, sN stages, gN group_m, smsN programs, rN registers per
 thread at most (PTX .maxnreg), flat (flatten
 the tile and K loops), pf (scales prefetched a K step ahead), at (activation scales transposed by XLA).
@@ -46,8 +46,7 @@ from ._torch import torch_blockwise  # noqa: E402
 
 SHAPES = ((8192, 8192, 8192), (4096, 7168, 2048), (4096, 24576, 1536), (4096, 7168, 16384), (2048, 4096, 7168))
 TINY_SHAPES = ((256, 384, 512),)
-DEFAULT_CONFIGS = ("old", "tma", "ws", "ws:s3", "ws:s5", "ws:at", "ws:g16", "ws:128x64", "p:s4", "p:s4:flat",
-                   "p:s4:pf")
+DEFAULT_CONFIGS = ("gluon", "gluon:s4", "gluon:128x128:s4", "p:s4:pf", "old")
 
 
 def parse_config(spec: str, p: GemmProblem) -> TileConfig:

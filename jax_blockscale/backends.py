@@ -70,6 +70,10 @@ _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte
 # nothing to overlap, and the one-program-per-tile kernel's tuned small-M paths (TMA 64-row tiles, swapped
 # decode) apply. Measured only above them (benchmarks/block_fp8_variants.py: M, N, K >= 2048).
 PERSISTENT_BLOCK_FP8_MIN = (1024, 1024, 1024)
+# The Gluon block FP8 kernel (_triton/block_fp8_gluon.py) from these sizes: measured faster than the
+# persistent kernel from 2048 rows and columns (benchmarks/results/block_fp8_variants_h100_2026-11-23.md);
+# at 2000 x 1804 x 1152 (240 small tiles) it was slower (33 vs 30 us: its warp-specialized start costs more).
+GLUON_BLOCK_FP8_MIN = (2048, 2048, 1024)
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
 # fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
@@ -102,11 +106,11 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
                            "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured"),
         KernelEntry("block_fp8_gluon", _BLOCK_FP8_PAIR, "native",
-                    "persistent Gluon kernel: asynchronous fp8 wgmma, each 128-K block promoted while the next "
-                    "one multiplies",
-                    opt_in="0.51x cuBLAS blockwise on an H100 (2026-11-22, kernel time) against 0.77x for "
-                           "block_fp8_persistent below: ptxas serializes its wgmma (info C7514/C7515, "
-                           "accumulator registers copied while a wgmma is pending)"),
+                    "persistent, warp-specialized Gluon kernel: a TMA loader warp and two consumer warp groups "
+                    "taking turns, so one promotes (fp32, per 128-K block) while the other's fp8 wgmma runs; "
+                    "128 x 256 tiles (0.93-0.97x cuBLAS blockwise on an H100, 2026-11-23, kernel time, against "
+                    "0.70-0.74x for block_fp8_persistent below)",
+                    min_size=GLUON_BLOCK_FP8_MIN),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM over grouped 128 x 128 tiles): TMA loads, fp8 e4m3 wgmma, "
                     "fp32 promotion per 128-K block with the next step's scales prefetched (0.71x cuBLAS "

@@ -98,16 +98,23 @@ def gluon(capability):
     return block_fp8_gluon
 
 
-@pytest.mark.parametrize("m,n,k,out,sms", [
-    (1, 333, 256, "fp32", 132),      # one row; N = 333: rows not 16-byte aligned, the pointer store
-    (300, 520, 768, "bf16", 132),    # ragged tiles, TMA store, 6 K blocks (even)
-    (129, 200, 384, "fp16", 132),    # 3 K blocks (odd)
-    (1000, 1100, 128, "fp32", 132),  # one K block: nothing in flight to overlap
-    (777, 336, 1152, "fp32", 5),     # more tiles than programs: the loads run ahead across tiles
+@pytest.mark.parametrize("m,n,k,out,sms,tile", [
+    (1, 333, 256, "fp32", 132, ""),          # one row; N = 333: rows not 16-byte aligned, the pointer store
+    (300, 520, 768, "bf16", 132, ""),        # ragged tiles (the last 256-wide tile's second block past N)
+    (129, 200, 384, "fp16", 132, ""),        # a 256-wide tile whose second weight block does not exist
+    (1000, 1100, 128, "fp32", 132, ""),      # one K block; fp32 subtiles: one epilogue buffer per consumer
+    (777, 336, 1152, "fp32", 5, ""),         # more tiles than programs: the loads run ahead across tiles
+    (300, 520, 768, "bf16", 7, "128x128:s4"),  # 128-wide tiles
+    (650, 1040, 512, "bf16", 3, "s4"),       # 4 stages: one output buffer reused for both subtiles
 ])
-def test_gluon_kernel(gluon, capability, m, n, k, out, sms):
+def test_gluon_kernel(gluon, capability, m, n, k, out, sms, tile):
     p = fp8(2, False, m, n, k, out)
-    check(gluon, p, capability, gluon.default_config(p).replace(num_sms=sms))
+    config = gluon.default_config(p).replace(num_sms=sms)
+    if "128x128" in tile:
+        config = config.replace(block_n=128)
+    if "s4" in tile:
+        config = config.replace(num_stages=4)
+    check(gluon, p, capability, config)
 
 
 def test_gluon_full_k_matches_persistent_and_is_deterministic(gluon, persistent, capability):

@@ -50,6 +50,7 @@ def test_aggregate_without_kernels_is_nan_not_zero():
 
 @pytest.mark.parametrize("name, category", [
     ("block_fp8_kernel", GEMM), ("upcast_kernel", GEMM), ("tma_gemm_kernel", GEMM), ("scaled_gemm_kernel", GEMM),
+    ("block_fp8_gluon_kernel", GEMM), ("persistent_block_fp8_kernel", GEMM), ("gemv_kernel", GEMM),
     ("block_fp8_gemm_swapped", GEMM), ("decode_gemv_kernel", GEMM), ("upcast_gemm_tma", GEMM),
     ("nvjet_hsh_192x192_64x4_2x1_v_bz_coopB_TNT", GEMM), ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", GEMM),
     ("cutlass3x_sm90_tensorop_gemm", GEMM), ("gemm_fusion_dot_3", GEMM), ("void cublasLt::splitKreduce_kernel", GEMM),

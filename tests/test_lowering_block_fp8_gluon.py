@@ -1,16 +1,19 @@
 """CPU tests of the Gluon Hopper block FP8 kernel (block_fp8_gluon.py), cross-compiled for sm_90.
 
 What they prove without a GPU: the kernel builds its TMA descriptors in the kernel (global scratch), loads
-with TMA and multiplies with fp8 e4m3 wgmma; each K block's wgmma is asynchronous (`wgmma.wait_group 1`:
-one wgmma stays in flight while the previous block is promoted); the launcher's checks refuse what the
-kernel cannot take; the dispatch table reaches it only when a config names it, and `jb.matmul` with its
-default config then lowers to one launch of min(NUM_SMS, tiles) programs; `launch.scratch_call` passes a
-register cap through to the PTX. GPU results: test_gpu_block_fp8_persistent.
+with TMA and multiplies with fp8 e4m3 wgmma of 128 columns; it is warp-specialized (12 warps: two 4-warp
+consumers and a loader, registers moved by setmaxnreg to 224 per consumer thread and 56 in the loader);
+each consumer waits for its own wgmma only (`wgmma.wait_group 0`) and ptxas keeps every wgmma asynchronous
+(no C7514/C7515 serialization notice) with no spills; the launcher's checks refuse what the kernel cannot
+take; the dispatch table picks it for large problems on sm_90 only, and `jb.matmul` lowers to one launch
+of min(NUM_SMS, tiles) programs. GPU results: test_gpu_block_fp8_persistent.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 
 import pytest
 
@@ -33,22 +36,39 @@ SIG = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scal
 BIG = GemmProblem(1, False, 8192, 8192, 8192, "block_fp8", "block_fp8", "bf16")
 
 
-def _compile(m=8192, n=8192, k=8192, tma_store=True, stages=4):
-    constexprs = dict(M=m, N=n, K=k, BLOCK_M=128, BLOCK_N=128, GROUP_M=8, NUM_SMS=132, STAGES=stages, NUM_WARPS=8,
-                      TMA_STORE=tma_store)
+def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True):
+    config = bg.default_config(BIG).replace(block_n=block_n, num_stages=stages)
+    constexprs = dict(M=m, N=n, K=k, BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, NUM_SMS=132, STAGES=stages,
+                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16))
     return compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature=SIG, constexprs=constexprs,
-                          num_warps=8, num_stages=stages)
+                          num_warps=4, num_stages=stages, maxnreg=bg.MAX_REGISTERS)
 
 
-@pytest.mark.parametrize("k", [128, 1536, 8320])  # one K block; an even and an odd number of K blocks
-def test_async_fp8_wgmma_with_one_in_flight(k):
-    compiled = _compile(k=k)
+def _ptxas(ptx: str, tmp_path) -> str:
+    """ptxas -v's report for the PTX (the same ptxas Triton ships and uses)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = tmp_path / "k.ptx"
+    path.write_text(ptx)
+    out = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", os.devnull],
+                         capture_output=True, text=True, check=True)
+    return out.stderr
+
+
+@pytest.mark.parametrize("block_n,stages", [(256, 3), (256, 4), (128, 4)])
+def test_warp_specialized_fp8_wgmma_stays_asynchronous(block_n, stages, tmp_path):
+    compiled = _compile(block_n=block_n, stages=stages)
     ptx = assembly(compiled)
     assert TMA_LOAD in ptx and {int(n) for n in WGMMA_FP8.findall(ptx)} == {128}
-    waits = {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)}
-    assert waits == ({0} if k == 128 else {0, 1})  # one K block: nothing to overlap
     assert compiled.metadata.global_scratch_size > 0  # the descriptors are built in the kernel
-    assert compiled.metadata.num_warps == 8
+    assert compiled.metadata.num_warps == 12  # two consumers and the loader's (padded) warp group
+    assert compiled.metadata.shared <= bg.SMEM_BYTES
+    assert {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)} == {0}
+    assert {int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)} >= {224}
+    assert {int(n) for n in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx)} >= {56}
+    report = _ptxas(ptx, tmp_path)
+    assert "C7514" not in report and "C7515" not in report  # no wgmma serialized
+    assert "0 bytes spill stores, 0 bytes spill loads" in report
 
 
 def test_pointer_store_when_rows_are_not_16_byte_aligned():
@@ -56,11 +76,21 @@ def test_pointer_store_when_rows_are_not_16_byte_aligned():
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx and "st.global" in ptx
 
 
+def test_epilogue_buffers_fit_shared_memory():
+    config = bg.default_config(BIG)
+    assert bg.epilogue_buffers(config, jnp.bfloat16) == 2  # 3 stages: a buffer per 128-column subtile
+    assert bg.epilogue_buffers(config.replace(num_stages=4), jnp.bfloat16) == 1  # 4 stages: one, reused
+    assert bg.epilogue_buffers(config.replace(block_n=128, num_stages=4), jnp.float32) == 1
+    assert _compile(stages=4).metadata.shared <= bg.SMEM_BYTES
+
+
 @pytest.mark.parametrize("problem,changes,message", [
-    (BIG, dict(block_n=64), "128 x 128 x 128"),
-    (BIG, dict(num_warps=4), "8 warps"),
-    (BIG, dict(num_warps=12), "8 warps"),
+    (BIG, dict(block_n=64), "128 x 256 x 128 tiles"),
+    (BIG, dict(block_m=64), "128 x 256 x 128 tiles"),
+    (BIG, dict(num_warps=8), "4-warp consumers"),
     (BIG, dict(num_stages=1), "num_stages"),
+    (BIG, dict(num_stages=5), "shared memory"),
+    (BIG, dict(max_registers=128), "register split"),
     (BIG, dict(num_sms=0), "num_sms"),
     (GemmProblem(2, True, 256, 256, 256, "block_fp8", "block_fp8", "bf16"), {}, "unbatched weight"),
     (GemmProblem(1, False, 256, 256, 200, "block_fp8", "block_fp8", "bf16"), {}, "multiple of 128"),
@@ -70,32 +100,55 @@ def test_check_config_refuses(problem, changes, message):
         bg.check_config(problem, bg.default_config(problem).replace(**changes))
 
 
-def test_dispatch_reaches_it_only_when_named():
-    big = dict(rows=8192, n=8192, k=8192)
-    assert backends.choose("sm_90", "block_fp8", "block_fp8", **big).kernel == "block_fp8_persistent"
-    assert backends.choose("sm_90", "block_fp8", "block_fp8", kernel="block_fp8_gluon", **big).kernel \
-        == "block_fp8_gluon"
+def test_dispatch_picks_it_for_large_problems_on_hopper():
+    rows, n, k = backends.GLUON_BLOCK_FP8_MIN
+    big = dict(rows=rows, n=n, k=k)
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", **big).kernel == "block_fp8_gluon"
+    for field in big:  # one dimension under its threshold, or unknown (batched weight): not this kernel
+        assert backends.choose("sm_90", "block_fp8", "block_fp8", **dict(big, **{field: big[field] - 1})).kernel \
+            != "block_fp8_gluon"
+        assert backends.choose("sm_90", "block_fp8", "block_fp8", **dict(big, **{field: None})).kernel \
+            != "block_fp8_gluon"
     assert bg.default_config(BIG).kernel == "block_fp8_gluon"
     for target in ("sm_100", "gfx950"):  # Hopper's wgmma only
         with pytest.raises(ValueError, match="no entry"):
             backends.choose(target, "block_fp8", "block_fp8", kernel="block_fp8_gluon", **big)
 
 
-def test_matmul_with_its_default_config_lowers_to_one_launch():
+def test_matmul_lowers_to_one_launch():
     from _jax_triton import lowered_for_cuda
     from jax_blockscale._triton import jt
 
     rng = np.random.default_rng(0)
-    a = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 1024)), jnp.float32), "fp8_block", side="a")
-    b = jb.quantize_operand(jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32), "fp8_block", side="b")
-    lowered = lowered_for_cuda(lambda a, b: jb.matmul(a, b, target="sm_90", config=bg.default_config(BIG)), a, b)
+    a = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 2048)), jnp.float32), "fp8_block", side="a")
+    b = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 2048)), jnp.float32), "fp8_block", side="b")
+    lowered = lowered_for_cuda(lambda a, b: jb.matmul(a, b, target="sm_90"), a, b)
     (kernel,) = jt.lowered_kernels(lowered)
-    assert ".entry block_fp8_gluon_kernel" in kernel.decode("latin-1")
-    # 16 x 8 = 128 tiles: 128 programs, one output plus the descriptors' scratch; no XLA transpose.
+    text = kernel.decode("latin-1")
+    assert ".entry block_fp8_gluon_kernel" in text and ".maxnreg 168" in text
+    # 16 x 8 = 128 tiles of 128 x 256: 128 programs, one output plus the descriptors' scratch; no transpose.
     hlo = lowered.as_text()
-    assert re.search(r"stablehlo.custom_call @triton_kernel_call.*-> \(tensor<2048x1024xbf16>, "
+    assert re.search(r"stablehlo.custom_call @triton_kernel_call.*-> \(tensor<2048x2048xbf16>, "
                      r"tensor<\d+xui8>, tensor<128xui8>\)", hlo)
     assert "stablehlo.transpose" not in hlo
+
+
+def test_configs_naming_other_kernels_run_there():
+    """Dispatch picks this kernel for a large problem, but a config= describing the Triton kernels (as the
+    variants benchmark passes) runs the kernel it describes, not a refusal."""
+    from _jax_triton import lowered_for_cuda
+    from jax_blockscale._triton import block_fp8, jt
+
+    rng = np.random.default_rng(1)
+    a = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 2048)), jnp.float32), "fp8_block", side="a")
+    b = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048, 2048)), jnp.float32), "fp8_block", side="b")
+    p = GemmProblem(1, False, 2048, 2048, 2048, "block_fp8", "block_fp8", "bf16")
+    for config, entry in [(bp.default_config(p), "persistent_block_fp8_kernel"),
+                          (block_fp8.default_config(p, "sm_90"), "block_fp8_kernel")]:
+        lowered = lowered_for_cuda(lambda a, b, config=config: jb.matmul(a, b, target="sm_90", config=config),
+                                   a, b)
+        (kernel,) = jt.lowered_kernels(lowered)
+        assert f".entry {entry}" in kernel.decode("latin-1")
 
 
 def test_scratch_call_caps_registers():
