@@ -4,7 +4,7 @@ What they prove without a GPU: the kernel builds its TMA descriptors in the kern
 with TMA and multiplies with fp8 e4m3 wgmma of 128 columns; it is warp-specialized (12 warps: two 4-warp
 consumers and a loader, registers moved by setmaxnreg to 224 per consumer thread and 56 in the loader);
 each consumer waits for its own wgmma only (`wgmma.wait_group 0`) and ptxas keeps every wgmma asynchronous
-(no C7514/C7515 serialization notice) with no spills; the launcher's checks refuse what the kernel cannot
+(no C7514/C7515 serialization notice) with no spills and no copy of a wgmma register; the launcher's checks refuse what the kernel cannot
 take; the dispatch table picks it for large problems on sm_90 only, and `jb.matmul` lowers to one launch
 of min(NUM_SMS, tiles) programs. GPU results: test_gpu_block_fp8_persistent.
 """
@@ -69,6 +69,12 @@ def test_warp_specialized_fp8_wgmma_stays_asynchronous(block_n, stages, tmp_path
     report = _ptxas(ptx, tmp_path)
     assert "C7514" not in report and "C7515" not in report  # no wgmma serialized
     assert "0 bytes spill stores, 0 bytes spill loads" in report
+    # The promotion completes before the next wgmma reuses the partial's registers (`_settled`): no wgmma
+    # register is copied (the unpinned 128 x 256 loop copied them 384 times, 64 per subtile and K block).
+    wgmma_regs = {r.strip() for m in re.finditer(r"wgmma\.mma_async\S*\s+\{([^}]*)\}", ptx)
+                  for r in m.group(1).split(",")}
+    assert wgmma_regs and not [m for m in re.finditer(r"mov\.b32\s+%r\d+, (%r\d+);", ptx)
+                                 if m.group(1) in wgmma_regs]
 
 
 def test_pointer_store_when_rows_are_not_16_byte_aligned():

@@ -21,9 +21,10 @@ partial: 128 + 64 accumulator and partial registers per thread, within the 224 t
 each consumer. Nothing is pending across a promotion, so ptxas keeps every wgmma asynchronous.
 
 Measured on an H100 (2026-11-23, kernel time, benchmarks/results/block_fp8_variants_h100_2026-11-23.md):
-128 x 256 tiles, 3 stages, 0.93-0.97x of cuBLAS blockwise geomean over the issue-#13 shapes in six runs
-(worst shape 0.87-0.92x; the final run 0.951x, worst 0.897x; one configuration measured twice in a run
-differs by up to 8%), against 0.73-0.74x for block_fp8_persistent in the same runs.
+128 x 256 tiles, 3 stages, 0.98-1.01x of cuBLAS blockwise geomean over the issue-#13 shapes in four
+measurements (worst shape 0.86-0.96x; one configuration measured twice in a run differs by up to 8% on a
+shape), against 0.75x for block_fp8_persistent in the same runs; 0.93-0.97x before the promotion was
+pinned ahead of the next wgmma (`_settled`).
 
 Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in the kernel (global scratch,
 `launch.scratch_call`); a's scales (M, K/128) and b's (ceil(N/128), K/128) fp32 as the contract gives them,
@@ -104,6 +105,17 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
 
 
 @gluon.jit
+def _settled(acc):
+    """`acc`, after an empty volatile asm statement. The next wgmma reuses the partial's registers (its C
+    operand, ignored with use_acc=False, is tied to its output), and LLVM would otherwise schedule the
+    promotion that reads the partial after that wgmma and copy the partial to fresh registers for it (64
+    moves and 64 more live registers per subtile and K block, seen in the PTX). The asm consumes the
+    promoted accumulator and, being volatile, stays before the next wgmma (also volatile asm), so the
+    promotion completes first and the partial's registers are free. It emits no instruction."""
+    return gl.inline_asm_elementwise("", "=r,0", [acc], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr,
                    TMA_STORE: gl.constexpr, mma_layout: gl.constexpr):
     """One consumer's (64, 128) output subtile at (row, col): through its shared buffer and a TMA store
@@ -174,16 +186,16 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
             if SPLIT == 2:
                 next_b_s1 = gl.load(b_s_ptr + SCALE_K + nk, mask=second_ok, other=0.0)
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, b_tile))[0]
-                acc0 += partial * (a_s * b_s0)[:, None]
+                acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
                 b_tile = b_bufs.index(s).slice(SUBTILE_N, SUBTILE_N, dim=0).permute((1, 0))
                 partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
                 mbarrier.arrive(empty.index(s), count=1)  # both consumers' arrivals free the stage
-                acc1 += partial * (a_s * b_s1)[:, None]
+                acc1 = _settled(acc1 + partial * (a_s * b_s1)[:, None])
             else:
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
                 mbarrier.arrive(empty.index(s), count=1)
-                acc0 += partial * (a_s * b_s0)[:, None]
+                acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
             a_s = next_a_s
             b_s0 = next_b_s0
             b_s1 = next_b_s1
