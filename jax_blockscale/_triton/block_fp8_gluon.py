@@ -66,14 +66,25 @@ SMEM_BYTES = 232448  # shared memory one H100 block may use (227 KiB)
 
 
 @gluon.jit
-def _tile_origin(t, TILES_M: gl.constexpr, TILES_N: gl.constexpr, GROUP_M: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """First row and column of output tile `t` in grouped order (tiling.grouped_tile's order: GROUP_M
-    row tiles at a time, so the programs of a wave share B tiles in L2)."""
-    per_group: gl.constexpr = GROUP_M * TILES_N
-    first_m = (t // per_group) * GROUP_M
+def _program_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_SMS: gl.constexpr):
+    """How many tiles this program runs: pid, pid + NUM_SMS, ... below the tile count."""
+    tiles: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+    return (tiles - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS
+
+
+@gluon.jit
+def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, NUM_SMS: gl.constexpr):
+    """First row and column of this program's t-th tile (tile pid + t * NUM_SMS) in grouped order
+    (tiling.grouped_tile's order: GROUP_M row tiles at a time, so the programs of a wave share B tiles in
+    L2)."""
+    TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
+    per_group: gl.constexpr = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    tile = gl.program_id(0) + t * NUM_SMS
+    first_m = (tile // per_group) * GROUP_M
     group_rows = gl.minimum(TILES_M - first_m, GROUP_M)
-    in_group = t % per_group
+    in_group = tile % per_group
     return (first_m + in_group % group_rows) * BLOCK_M, (in_group // group_rows) * BLOCK_N
 
 
@@ -81,18 +92,16 @@ def _tile_origin(t, TILES_M: gl.constexpr, TILES_N: gl.constexpr, GROUP_M: gl.co
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
             TMA_STORE: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
-    """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES."""
+    """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES.
+    (Gluon gives every worker partition one signature: the consumer's, whose arguments this one mostly
+    ignores.)"""
     a_desc, b_desc, _ = descs
     a_bufs, b_bufs, _ = bufs
     ready, empty, _ = bars
     SCALE_K: gl.constexpr = K // 128
-    TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    TILES_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    pid = gl.program_id(0)
-    tiles = (TILES_M * TILES_N - pid + NUM_SMS - 1) // NUM_SMS
     step = 0
-    for t in range(tiles):
-        row, col = _tile_origin(pid + t * NUM_SMS, TILES_M, TILES_N, GROUP_M, BLOCK_M, BLOCK_N)
+    for t in range(_program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
+        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
         for kb in range(SCALE_K):
             s = step % STAGES
             # A fresh mbarrier counts as having completed the phase before 0: the first pass waits for nothing.
@@ -142,21 +151,17 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
     SCALE_N: gl.constexpr = (N + 127) // 128
-    TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    TILES_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
     ROWS: gl.constexpr = BLOCK_M // 2
     SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N  # 1 or 2 subtiles
     # wgmma m64n128k32: the warp group's 4 warps hold 16 rows each.
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, SUBTILE_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    pid = gl.program_id(0)
-    tiles = (TILES_M * TILES_N - pid + NUM_SMS - 1) // NUM_SMS
     alpha = gl.load(alpha_ptr)
     partial = gl.zeros((ROWS, SUBTILE_N), gl.float32, layout=mma_layout)
     step = 0
-    for t in range(tiles):
-        row, col = _tile_origin(pid + t * NUM_SMS, TILES_M, TILES_N, GROUP_M, BLOCK_M, BLOCK_N)
+    for t in range(_program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
+        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=row_layout)
         row_ok = rows < M
         a_s_ptrs = a_scale_ptr + rows * SCALE_K
