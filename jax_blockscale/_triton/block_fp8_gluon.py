@@ -21,7 +21,7 @@ partial: 128 + 64 accumulator and partial registers per thread, within the 224 t
 each consumer. Nothing is pending across a promotion, so ptxas keeps every wgmma asynchronous.
 
 Measured on an H100 (2026-11-23, kernel time, benchmarks/results/block_fp8_variants_h100_2026-11-23.md):
-128 x 256 tiles, 3 stages, 0.98-1.01x of cuBLAS blockwise geomean over the issue-#13 shapes in four
+128 x 256 tiles, 3 stages, 0.96-1.01x of cuBLAS blockwise geomean over the issue-#13 shapes in five
 measurements (worst shape 0.86-0.96x; one configuration measured twice in a run differs by up to 8% on a
 shape), against 0.75x for block_fp8_persistent in the same runs; 0.93-0.97x before the promotion was
 pinned ahead of the next wgmma (`_settled`).
