@@ -40,6 +40,9 @@ class KernelEntry:
     min_rows: Optional[int] = None
     # Set: automatic dispatch skips the entry (reachable with TileConfig(kernel=...)), and this says why.
     opt_in: Optional[str] = None
+    # Its launcher reads only configs that name it (TileConfig(kernel=module)): a caller's config that does
+    # not is meant for the entries below (e.g. the Triton block FP8 kernels' fields), so dispatch skips it.
+    named_configs_only: bool = False
 
 
 # One table: per target, kernels in order of preference; the first whose pairs hold the operand kinds runs.
@@ -110,7 +113,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "taking turns, so one promotes (fp32, per 128-K block) while the other's fp8 wgmma runs; "
                     "128 x 256 tiles (0.96-1.01x cuBLAS blockwise geomean on an H100, 2026-11-23, kernel time, "
                     "against 0.70-0.75x for block_fp8_persistent below)",
-                    min_size=GLUON_BLOCK_FP8_MIN),
+                    min_size=GLUON_BLOCK_FP8_MIN, named_configs_only=True),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM over grouped 128 x 128 tiles): TMA loads, fp8 e4m3 wgmma, "
                     "fp32 promotion per 128-K block with the next step's scales prefetched (0.71x cuBLAS "
@@ -200,7 +203,7 @@ def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: O
 
 
 def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None, n: Optional[int] = None,
-           k: Optional[int] = None, kernel: Optional[str] = None) -> Choice:
+           k: Optional[int] = None, kernel: Optional[str] = None, configured: bool = False) -> Choice:
     """The dispatch decision for one target and operand pair; never raises for a known pair unless
     `kernel` is given.
 
@@ -208,7 +211,8 @@ def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None, n:
     (decode kernels) apply only when it is given and within their limit, entries with `min_rows` (large-M
     kernels) when it is None or reaches it. Entries with `min_size` (the persistent kernel) apply only when
     `rows`, `n` (the weight's rows) and `k` are given and reach it. `kernel`: take this module's entry (for
-    comparisons, `TileConfig.kernel`); a ValueError if the target has none for the pair."""
+    comparisons, `TileConfig.kernel`); a ValueError if the target has none for the pair. `configured`: the
+    caller passes its own TileConfig (naming no kernel), so entries with `named_configs_only` are skipped."""
     target = _normalize_target(target)
     if kernel is not None:
         for entry in KERNEL_TABLE.get(target, ()):
@@ -218,7 +222,7 @@ def choose(target: str, a_kind: str, b_kind: str, rows: Optional[int] = None, n:
     if target == "cpu":
         return Choice(target, "reference", None, "CPU: the jnp reference (dequantize + fp32 dot) runs")
     for entry in KERNEL_TABLE.get(target, ()):
-        if not _size_allows(entry, rows, n, k):
+        if not _size_allows(entry, rows, n, k) or (configured and entry.named_configs_only):
             continue
         if (a_kind, b_kind) in entry.pairs:
             return Choice(target, entry.path, entry.module, entry.why)

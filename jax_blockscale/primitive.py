@@ -114,7 +114,8 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     # Decode kernels apply to few activation rows against one (unbatched) weight.
     choice = backends.choose(target, a.kind, b.kind, rows=None if b_batched else nb * m, n=n,
                              k=a_values.shape[-1] * ELEMENTS_PER_BYTE.get(a.kind, 1),
-                             kernel=config.kernel if config is not None else None)
+                             kernel=config.kernel if config is not None else None,
+                             configured=config is not None)
     if choice.path == "reference":
         return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
                               out_dtype=out_dtype)

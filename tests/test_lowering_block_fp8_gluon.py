@@ -116,6 +116,9 @@ def test_dispatch_picks_it_for_large_problems_on_hopper():
         assert backends.choose("sm_90", "block_fp8", "block_fp8", **dict(big, **{field: None})).kernel \
             != "block_fp8_gluon"
     assert bg.default_config(BIG).kernel == "block_fp8_gluon"
+    # A caller's config naming no kernel is for the Triton kernels below it in the table.
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", configured=True, **big).kernel \
+        == "block_fp8_persistent"
     for target in ("sm_100", "gfx950"):  # Hopper's wgmma only
         with pytest.raises(ValueError, match="no entry"):
             backends.choose(target, "block_fp8", "block_fp8", kernel="block_fp8_gluon", **big)
@@ -140,8 +143,8 @@ def test_matmul_lowers_to_one_launch():
 
 
 def test_configs_naming_other_kernels_run_there():
-    """Dispatch picks this kernel for a large problem, but a config= describing the Triton kernels (as the
-    variants benchmark passes) runs the kernel it describes, not a refusal."""
+    """Dispatch picks this kernel for a large problem, but a config= naming no kernel (the Triton kernels'
+    fields, as the variants benchmark passes) runs the kernel it describes, not a refusal."""
     from _jax_triton import lowered_for_cuda
     from jax_blockscale._triton import block_fp8, jt
 

@@ -23,7 +23,7 @@ each consumer. Nothing is pending across a promotion, so ptxas keeps every wgmma
 Measured on an H100 (2026-11-23, kernel time, benchmarks/results/block_fp8_variants_h100_2026-11-23.md):
 128 x 256 tiles, 3 stages, 0.96-1.01x of cuBLAS blockwise geomean over the issue-#13 shapes in five
 measurements (worst shape 0.86-0.96x; one configuration measured twice in a run differs by up to 8% on a
-shape), against 0.75x for block_fp8_persistent in the same runs; 0.93-0.97x before the promotion was
+shape), against 0.70-0.75x for block_fp8_persistent in the same runs; 0.93-0.97x before the promotion was
 pinned ahead of the next wgmma (`_settled`).
 
 Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in the kernel (global scratch,
@@ -317,14 +317,8 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability: int) -> jax.Array:
-    """Block FP8 GEMM on the Gluon kernel; returns (p.batch, p.m, p.n) of p.out_dtype. A config that does not
-    name this kernel (`kernel="block_fp8_gluon"`, as `default_config` does) describes one of the Triton
-    kernels (e.g. the caller's, to compare): it runs there, as block_fp8_persistent.launch does for its own."""
-    if config.kernel != "block_fp8_gluon":
-        from . import block_fp8_persistent
-
-        return block_fp8_persistent.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=config,
-                                           compute_capability=compute_capability)
+    """Block FP8 GEMM on the Gluon kernel; returns (p.batch, p.m, p.n) of p.out_dtype. Dispatch sends it only
+    configs that name it (`backends.KernelEntry.named_configs_only`; `default_config` does)."""
     check_config(p, config)
     check_operands(p, a_values, a_scales, b_values, b_scales)
     _, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
