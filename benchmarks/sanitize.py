@@ -6,8 +6,7 @@
 
 Families: block FP8 (pointer, split-K, swapped decode order, TMA), the persistent block FP8 kernel
 (dispatch's pick and a batched problem looping over tiles), the warp-specialized Gluon block FP8 kernel
-(the same two), the upcast kernel (pointer, split-K, swapped,
-predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
+(the same two), the upcast kernel (pointer, split-K, swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
 the kernel, the streaming GEMV), the opt-in Hopper MX GEMM, the quantization kernel (row-wise and with the transposed side, MX, nvfp4, block
 FP8 1x128 and 128x128) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
 none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
@@ -31,7 +30,8 @@ import numpy as np
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
 
-FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "hopper_mx", "quantize", "dot_scaled")
+FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "hopper_mx", "quantize",
+            "dot_scaled")
 _RNG = np.random.default_rng(0)
 
 
