@@ -45,6 +45,7 @@ class _Static:
     rounding: str
     target: Optional[str]
     config: Optional[TileConfig]
+    transpose_out: bool = False
 
 
 def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
@@ -97,7 +98,7 @@ def _forward(a: Operand, b: Operand, s: _Static) -> jax.Array:
     (bv, bsc, bts), bspec = _raw(b, a, "b")
     # partitioning.bind: the primitive with sharding rules, so a sharded jit does not gather the operands.
     return partitioning.bind(av, asc, ats, bv, bsc, bts, a=aspec, b=bspec, out_dtype=s.out_dtype,
-                             target=s.target, config=s.config)
+                             target=s.target, config=s.config, transpose_out=s.transpose_out)
 
 
 def _as_f32(x: Operand) -> jax.Array:
@@ -131,6 +132,8 @@ def _matmul_bwd(s, residuals, g):
     """
     a, b, qa, qb = residuals
     g = g.astype(jnp.float32)
+    if s.transpose_out:  # the cotangent of the (.., N, M) result, as the (.., M, N) product's
+        g = jnp.swapaxes(g, -1, -2)
     hp = dict(precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
     # On a mesh with Explicit axes the contraction (over N for da, M for db) may be sharded on both sides,
@@ -173,6 +176,7 @@ def matmul(
     rounding: str = DEFAULT_ROUNDING,
     target: Optional[str] = None,
     config: Optional[TileConfig] = None,
+    transpose_out: bool = False,
 ) -> jax.Array:
     """Block-scaled matmul `a (..., M, K) x b (..., N, K) -> (..., M, N)` (b is the weight, transposed).
 
@@ -182,6 +186,10 @@ def matmul(
     "sm_90", "gfx950"; naming one lets you lower for hardware you don't have) and the jnp reference on CPU;
     see `explain`, which accepts and rejects exactly the same operands and targets. Works under jit, vmap
     (one launch) and grad (float32 backward). Every check runs before any compute, at trace time under jit.
+
+    `transpose_out=True` returns the product transposed, (..., N, M), with the same bits: the Hopper block
+    FP8 kernel writes it so from its epilogue (no transpose pass; a (K, N) weight's gradient uses this),
+    any other path transposes after the product.
     """
     if jnp.dtype(out_dtype) not in DTYPE_NAMES:
         raise ValueError(f"out_dtype must be bfloat16, float16 or float32, got {jnp.dtype(out_dtype)}")
@@ -190,7 +198,7 @@ def matmul(
         a = jnp.asarray(a)
     if not isinstance(b, BlockScaledArray):
         b = jnp.asarray(b)
-    s = _Static(jnp.dtype(out_dtype), a_format, b_format, rounding, target, config)
+    s = _Static(jnp.dtype(out_dtype), a_format, b_format, rounding, target, config, bool(transpose_out))
     qa_shape = jax.eval_shape(lambda x: _maybe_quantize(x, a_format, rounding, "a"), a)
     qb_shape = jax.eval_shape(lambda x: _maybe_quantize(x, b_format, rounding, "b"), b)
     validation.check_matmul_operands(qa_shape, qb_shape)

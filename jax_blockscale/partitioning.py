@@ -65,15 +65,18 @@ class _Params:
     out_dtype: jnp.dtype
     target: Optional[str]
     config: Optional[TileConfig]
+    transpose_out: bool = False  # the result is (.., N, M)
 
     def kwargs(self) -> dict:
-        return dict(a=self.a, b=self.b, out_dtype=self.out_dtype, target=self.target, config=self.config)
+        return dict(a=self.a, b=self.b, out_dtype=self.out_dtype, target=self.target, config=self.config,
+                    transpose_out=self.transpose_out)
 
 
 def bind(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a: OperandSpec, b: OperandSpec,
-         out_dtype, target: Optional[str], config: Optional[TileConfig]) -> jax.Array:
+         out_dtype, target: Optional[str], config: Optional[TileConfig], transpose_out: bool = False
+         ) -> jax.Array:
     """`primitive.bind` that XLA partitions over a mesh instead of gathering its operands."""
-    params = _Params(a, b, jnp.dtype(out_dtype), target, config)
+    params = _Params(a, b, jnp.dtype(out_dtype), target, config, bool(transpose_out))
     ops = (a_values, a_scales, a_ts, b_values, b_scales, b_ts)
     out = _vmappable(params)(*ops)
     sharding = _explicit_result_sharding(params, ops, out)
@@ -191,7 +194,8 @@ def _geometry(p: _Params, shapes: Sequence[tuple[int, ...]]) -> _Geometry:
         dims[side + 2] = tuple(lead(ts, 0))
     units["k"] = nblocks
     per_m, per_n = dims[_A_VALUES][-2][1], dims[_B_VALUES][-2][1]
-    dims[_OUT] = (*lead(out, 2), ("m", per_m), ("n", per_n))
+    rows_cols = (("n", per_n), ("m", per_m)) if p.transpose_out else (("m", per_m), ("n", per_n))
+    dims[_OUT] = (*lead(out, 2), *rows_cols)
     return _Geometry(tuple(dims), tuple(units.items()), frozenset(exact), frozenset(unshardable), block)
 
 
@@ -365,7 +369,8 @@ def _partition(params: _Params, mesh, arg_shapes, result_shape):
         # Partial products are summed in float32, so a sharded K rounds to out_dtype once, as unsharded.
         local_dtype = jnp.float32 if plan.k_axes else params.out_dtype
         out = primitive.bind(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
-                             out_dtype=local_dtype, target=params.target, config=params.config)
+                             out_dtype=local_dtype, target=params.target, config=params.config,
+                             transpose_out=params.transpose_out)
         summed: set[str] = set()
         for dim, axes in plan.scatters:
             out = jax.lax.psum_scatter(out, axes, scatter_dimension=dim, tiled=True)

@@ -3,7 +3,9 @@
 Operands (all arrays; absent scales/tensor scales are small dummies so the signature is fixed):
   a_values (*a_batch, M, Ka), a_scales (*a_batch, Ma, Ksa), a_ts (a_batch-broadcastable or ()),
   b_values (*b_batch, N, Kb), b_scales (*b_batch, Nb, Ksb), b_ts likewise,
-with b_batch broadcastable against a_batch (numpy rules). Output (*broadcast(a_batch, b_batch), M, N).
+with b_batch broadcastable against a_batch (numpy rules). Output (*broadcast(a_batch, b_batch), M, N), or
+with `transpose_out` (*batch, N, M): the product transposed, which a kernel that can writes so in its
+epilogue (`launcher.WRITES_TRANSPOSED`) and every other path transposes after the product.
 
 Lowering: `cpu` (and any GPU target without a kernel) runs the jnp reference; `cuda`/`rocm` run the Triton
 launcher that `backends.choose` picks, through jax-triton (imported only there).
@@ -46,10 +48,11 @@ blockscaled_matmul_p = jcore.Primitive("blockscaled_matmul")
 
 
 def bind(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a: OperandSpec, b: OperandSpec,
-         out_dtype, target: Optional[str], config: Optional[TileConfig]):
+         out_dtype, target: Optional[str], config: Optional[TileConfig], transpose_out: bool = False):
     return blockscaled_matmul_p.bind(
         a_values, a_scales, a_ts, b_values, b_scales, b_ts,
         a=a, b=b, out_dtype=jnp.dtype(out_dtype), target=target, config=config,
+        transpose_out=bool(transpose_out),
     )
 
 
@@ -57,11 +60,13 @@ def _batch_shapes(a_values, b_values):
     return a_values.shape[:-2], b_values.shape[:-2]
 
 
-def _abstract_eval(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, target, config):
+def _abstract_eval(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, target, config,
+                   transpose_out):
     del a_scales, a_ts, b_scales, b_ts, a, target, config
     a_batch, b_batch = _batch_shapes(a_values, b_values)
     batch = jnp.broadcast_shapes(a_batch, b_batch)
-    return jax.core.ShapedArray((*batch, a_values.shape[-2], b_values.shape[-2]), out_dtype)
+    m, n = a_values.shape[-2], b_values.shape[-2]
+    return jax.core.ShapedArray((*batch, *((n, m) if transpose_out else (m, n))), out_dtype)
 
 
 blockscaled_matmul_p.def_abstract_eval(_abstract_eval)
@@ -90,10 +95,12 @@ def _dequantized(values, scales, ts, spec: OperandSpec) -> jax.Array:
     return dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
 
 
-def reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, **_):
+def reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, transpose_out=False,
+                   **_):
     """The oracle, `jax_blockscale.reference.matmul`, on primitive operands."""
-    return reference.matmul(_operand(a_values, a_scales, a_ts, a), _operand(b_values, b_scales, b_ts, b),
-                            out_dtype=out_dtype)
+    out = reference.matmul(_operand(a_values, a_scales, a_ts, a), _operand(b_values, b_scales, b_ts, b),
+                           out_dtype=out_dtype)
+    return jnp.swapaxes(out, -1, -2) if transpose_out else out
 
 
 def _pad_last_to(x: jax.Array, size: int) -> jax.Array:
@@ -104,7 +111,7 @@ def _pad_last_to(x: jax.Array, size: int) -> jax.Array:
 
 
 def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, out_dtype, target, config,
-                 compute_capability, device_kind=None):
+                 compute_capability, transpose_out=False, device_kind=None):
     """GPU path: canonicalize to the launcher contract (`_triton/problem.py`) and launch."""
     a_batch, b_batch = _batch_shapes(a_values, b_values)
     batch = jnp.broadcast_shapes(a_batch, b_batch)
@@ -118,8 +125,10 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
                              configured=config is not None)
     if choice.path == "reference":
         return reference_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, a=a, b=b,
-                              out_dtype=out_dtype)
+                              out_dtype=out_dtype, transpose_out=transpose_out)
     launcher = choice.load()
+    # One product, written transposed by the kernel where it can; else transposed below, after the product.
+    kernel_transposes = transpose_out and nb == 1 and getattr(launcher, "WRITES_TRANSPOSED", False)
 
     def flat(x, lead):
         return x.reshape((lead,) + x.shape[len(x.shape) - 2:])
@@ -157,9 +166,15 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
                               compute_capability=compute_capability, a_ts=ts[0], b_ts=ts[1])
     else:
         alpha = (a_ts * b_ts).astype(jnp.float32).reshape(1) if scalar_alpha else jnp.ones((1,), jnp.float32)
+        kw = dict(transpose_out=True) if kernel_transposes else {}
         out = launcher.launch(p, a_values, a_scales, b_values, b_scales, alpha, config=cfg,
-                              compute_capability=compute_capability)
-    out = out.reshape(batch + (m, n))
+                              compute_capability=compute_capability, **kw)
+    if kernel_transposes:
+        out = out.reshape(batch + (n, m))
+    else:
+        out = out.reshape(batch + (m, n))
+        if transpose_out:
+            out = jnp.swapaxes(out, -1, -2)
     if not scalar_alpha:
         ts = jnp.broadcast_to(a_ts, batch) * jnp.broadcast_to(b_ts, batch)
         out = (out.astype(jnp.float32) * ts[..., None, None]).astype(out_dtype)

@@ -58,11 +58,12 @@ def _opaque(x):
     return jax.lax.linalg.tridiagonal_solve(zero, one, zero, flat[:, None]).reshape(x.shape)
 
 
-def _opaque_lowering(ctx, *args, a, b, out_dtype, **_):
+def _opaque_lowering(ctx, *args, a, b, out_dtype, transpose_out=False, **_):
     def gemm(a_values, a_scales, a_ts, b_values, b_scales, b_ts):
         af = _opaque(primitive._dequantized(a_values, a_scales, a_ts, a))
         bf = _opaque(primitive._dequantized(b_values, b_scales, b_ts, b))
-        out = jnp.einsum("...mk,...nk->...mn", af, bf, precision=jax.lax.Precision.HIGHEST)
+        out = jnp.einsum("...mk,...nk->" + ("...nm" if transpose_out else "...mn"), af, bf,
+                         precision=jax.lax.Precision.HIGHEST)
         return out.astype(out_dtype)
     return mlir.lower_fun(gemm, multiple_results=False)(ctx, *args)
 

@@ -125,3 +125,24 @@ def test_gluon_full_k_matches_persistent_and_is_deterministic(gluon, persistent,
     assert_close(new, run(persistent, p, operands, capability).astype(np.float32), tolerance(p))
     again = run(gluon, p, operands, capability)
     assert np.array_equal(np.asarray(new).view(np.uint16), np.asarray(again).view(np.uint16))
+
+
+@pytest.mark.parametrize("m,n,k,out", [
+    (2048, 2304, 1024, "bf16"),   # the TMA store through a transposed shared buffer
+    (1000, 1100, 384, "fp32"),    # ragged tiles; M * 4 bytes is 16-byte aligned: TMA, clipped at both ends
+    (333, 520, 256, "bf16"),      # M = 333: (N, M) rows not 16-byte aligned, the pointer store
+])
+def test_gluon_transposed_output_is_the_product_transposed(gluon, capability, m, n, k, out):
+    """transpose_out: the (N, M) output holds the plain product's bits, transposed."""
+    import functools
+
+    import jax
+
+    p = fp8(1, False, m, n, k, out)
+    operands, _ = make_case(p)
+    plain = np.asarray(run(gluon, p, operands, capability))
+    fn = jax.jit(functools.partial(gluon.launch, p, config=gluon.default_config(p), compute_capability=capability,
+                                   transpose_out=True))
+    got = np.asarray(fn(*operands))
+    assert got.shape == (1, n, m)
+    assert np.array_equal(got[0].T.view(np.uint8), plain[0].view(np.uint8))

@@ -172,3 +172,42 @@ def test_scratch_call_caps_registers():
     assert ".maxnreg 128" in assembly(capped)
     with pytest.raises(ValueError, match="max_registers"):
         bp.check_config(BIG, TileConfig(persistent=True, num_warps=8, max_registers=300))
+
+
+def test_transposed_output_is_written_by_the_epilogue():
+    """TRANS_OUT: the same stores as the plain epilogue, through stmatrix .trans into a (128, 64) buffer and
+    a TMA store at (col, row) of the (N, M) output; the pointer store takes (N, M) addresses."""
+    plain, trans = (assembly(_compile_trans(t)) for t in (False, True))
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", trans)) == 32
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" not in trans
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", plain)) == 32
+    assert trans.count("cp.async.bulk.tensor.2d.global.shared::cta") == plain.count(
+        "cp.async.bulk.tensor.2d.global.shared::cta")
+    pointer = assembly(_compile_trans(True, tma_store=False))
+    assert "stmatrix" not in pointer and "st.global" in pointer
+
+
+def _compile_trans(trans: bool, tma_store: bool = True):
+    return compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature=SIG,
+                          constexprs=dict(M=4096, N=2048, K=1024, BLOCK_M=128, BLOCK_N=256, GROUP_M=8, NUM_SMS=132,
+                                          STAGES=3, TMA_STORE=tma_store, EPI_BUFS=1, TRANS_OUT=trans),
+                          num_warps=4, num_stages=3, maxnreg=bg.MAX_REGISTERS)
+
+
+@pytest.mark.parametrize("m, kernel_transposes", [(4096, True), (1024, False)])
+def test_matmul_transpose_out_lowers_without_a_transpose(m, kernel_transposes):
+    """jb.matmul(transpose_out=True): one launch writing (N, M) where the Gluon kernel runs (no transpose in
+    the program); below its dispatch threshold the Triton kernel's (M, N) product is transposed by XLA."""
+    from _jax_triton import lowered_for_cuda
+    from jax_blockscale._triton import jt
+
+    rng = np.random.default_rng(2)
+    a = jb.quantize_operand(jnp.asarray(rng.standard_normal((m, 2048)), jnp.float32), "fp8_block", side="a")
+    b = jb.quantize_operand(jnp.asarray(rng.standard_normal((2048 + 128, 2048)), jnp.float32), "fp8_block",
+                            side="b")
+    lowered = lowered_for_cuda(lambda a, b: jb.matmul(a, b, target="sm_90", transpose_out=True), a, b)
+    (kernel,) = jt.lowered_kernels(lowered)
+    text, hlo = kernel.decode("latin-1"), lowered.as_text()
+    assert (".entry block_fp8_gluon_kernel" in text) == kernel_transposes
+    assert ("stablehlo.transpose" not in hlo) == kernel_transposes
+    assert f"-> (tensor<2176x{m}xbf16>" in hlo.split("func.func public @main")[1].split("\n")[0]

@@ -36,9 +36,11 @@ OUT_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 _TMA_ALIGN = 16
 
 
-def out_rows_tma_aligned(p: GemmProblem) -> bool:
-    """Whether the (M, N) output's rows are 16-byte aligned, as a TMA store needs (else a masked store)."""
-    return (p.n * jnp.dtype(OUT_DTYPES[p.out_dtype]).itemsize) % _TMA_ALIGN == 0
+def out_rows_tma_aligned(p: GemmProblem, transposed: bool = False) -> bool:
+    """Whether the (M, N) output's rows are 16-byte aligned, as a TMA store needs (else a masked store);
+    transposed: the rows of an (N, M) output (one product, M rows)."""
+    width = p.batch * p.m if transposed else p.n
+    return (width * jnp.dtype(OUT_DTYPES[p.out_dtype]).itemsize) % _TMA_ALIGN == 0
 
 
 def operand_dtypes(kind: str) -> tuple[jnp.dtype, jnp.dtype | None]:

@@ -30,7 +30,8 @@ Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in t
 `launch.scratch_call`); a's scales (M, K/128) and b's (ceil(N/128), K/128) fp32 as the contract gives them,
 loaded one K block ahead into registers (a consumer thread holds two rows' scales). Unbatched b only (a
 batch of activations folds into M); batched weights use block_fp8_persistent.py. The output leaves in
-(64, 128) subtiles through a TMA store where its rows are 16-byte aligned, else a masked store.
+(64, 128) subtiles through a TMA store where its rows are 16-byte aligned, else a masked store; either can
+write the product transposed, (N, M) (`launch(transpose_out=True)`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLO
 @gluon.jit
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
-            TMA_STORE: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
+            TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
     """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES.
     (Gluon gives every worker partition one signature: the consumer's, whose arguments this one mostly
     ignores.)"""
@@ -126,24 +127,34 @@ def _settled(acc):
 
 @gluon.jit
 def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr,
-                   TMA_STORE: gl.constexpr, mma_layout: gl.constexpr):
+                   TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, mma_layout: gl.constexpr):
     """One consumer's (64, 128) output subtile at (row, col): through its shared buffer and a TMA store
-    (clipped at M and N by the TMA unit), or a masked pointer store."""
+    (clipped at M and N by the TMA unit), or a masked pointer store. TRANS_OUT: the output is (N, M) and the
+    subtile goes to (col, row) transposed; its shared buffer is (128, 64), written through a transposed view,
+    so the transpose costs no more than the store's own pass through shared memory."""
     if TMA_STORE:
         tma.store_wait(pendings=0)  # this buffer's previous store has read it
-        c_smem.store(out)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [row, col], c_smem)
+        if TRANS_OUT:
+            c_smem.permute((1, 0)).store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(out_desc, [col, row], c_smem)
+        else:
+            c_smem.store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(out_desc, [row, col], c_smem)
     else:
         cols = col + gl.arange(0, SUBTILE_N, layout=gl.SliceLayout(0, mma_layout))
-        ptrs = out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :]
+        if TRANS_OUT:
+            ptrs = out_ptr + cols[None, :].to(gl.int64) * M + rows[:, None]
+        else:
+            ptrs = out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :]
         gl.store(ptrs, out, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @gluon.jit
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
-              TMA_STORE: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
+              TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
     """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block."""
     _, _, out_desc = descs
     a_bufs, b_bufs, c_bufs = bufs
@@ -206,11 +217,11 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
             b_s1 = next_b_s1
             step += 1
         _store_subtile((acc0 * alpha).to(out_ptr.dtype.element_ty), row + WG * ROWS, col, rows,
-                       c_bufs.index(WG * EPI_BUFS), out_desc, out_ptr, M, N, TMA_STORE, mma_layout)
+                       c_bufs.index(WG * EPI_BUFS), out_desc, out_ptr, M, N, TMA_STORE, TRANS_OUT, mma_layout)
         if SPLIT == 2:
             _store_subtile((acc1 * alpha).to(out_ptr.dtype.element_ty), row + WG * ROWS, col + SUBTILE_N, rows,
                            c_bufs.index(WG * EPI_BUFS + EPI_BUFS - 1), out_desc, out_ptr, M, N, TMA_STORE,
-                           mma_layout)
+                           TRANS_OUT, mma_layout)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -220,11 +231,12 @@ def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
-    a (M, K) e4m3, a_scale (M, K/128) fp32, b (N, K) e4m3, b_scale (ceil(N/128), K/128) fp32, out (M, N);
+    a (M, K) e4m3, a_scale (M, K/128) fp32, b (N, K) e4m3, b_scale (ceil(N/128), K/128) fp32, out (M, N),
+    or with TRANS_OUT out (N, M) holding the product transposed;
     K a multiple of 128, BLOCK_M = 128, BLOCK_N 128 or 256. Grid: (NUM_SMS,), every program with at least
     one tile; launched with num_warps=4 (the first consumer), the partitions add 8 more warps.
     """
@@ -245,7 +257,11 @@ def block_fp8_gluon_kernel(
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, SUBTILE_N], out_ptr.dtype.element_ty)
-    if TMA_STORE:
+    if TMA_STORE and TRANS_OUT:
+        c_layout_t: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SUBTILE_N, ROWS], out_ptr.dtype.element_ty)
+        out_desc = tma.make_tensor_descriptor(out_ptr, [N, M], [M, 1], [SUBTILE_N, ROWS], c_layout_t)
+        c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2 * EPI_BUFS, SUBTILE_N, ROWS], c_layout_t)
+    elif TMA_STORE:
         out_desc = tma.make_tensor_descriptor(out_ptr, [M, N], [N, 1], [ROWS, SUBTILE_N], c_layout)
         c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2 * EPI_BUFS, ROWS, SUBTILE_N], c_layout)
     else:  # placeholders of the partitions' common signature; the pointer store uses neither
@@ -257,11 +273,11 @@ def block_fp8_gluon_kernel(
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     EPI_BUFS, 0)),
+                     TRANS_OUT, EPI_BUFS, 0)),
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     EPI_BUFS, 1)),
+                     TRANS_OUT, EPI_BUFS, 1)),
         (_loader, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                   EPI_BUFS, 0)),
+                   TRANS_OUT, EPI_BUFS, 0)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -315,22 +331,35 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
                       kernel="block_fp8_gluon")
 
 
+# The kernel can write the product transposed (TRANS_OUT): `primitive` asks for it with transpose_out=True
+# when one (M, N) product is wanted as (N, M), e.g. a (K, N) weight's gradient (recipes' wgrad).
+WRITES_TRANSPOSED = True
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
-           alpha: jax.Array, *, config: TileConfig, compute_capability: int) -> jax.Array:
-    """Block FP8 GEMM on the Gluon kernel; returns (p.batch, p.m, p.n) of p.out_dtype. Dispatch sends it only
-    configs that name it (`backends.KernelEntry.named_configs_only`; `default_config` does)."""
+           alpha: jax.Array, *, config: TileConfig, compute_capability: int, transpose_out: bool = False
+           ) -> jax.Array:
+    """Block FP8 GEMM on the Gluon kernel; returns (p.batch, p.m, p.n) of p.out_dtype, or with transpose_out
+    (p.batch == 1 only) (1, p.n, p.m): the product transposed, written so by the kernel's epilogue (the
+    TMA store's shared buffer is written through a transposed view: stmatrix .trans, no extra pass).
+    Dispatch sends it only configs that name it (`backends.KernelEntry.named_configs_only`;
+    `default_config` does)."""
     check_config(p, config)
     check_operands(p, a_values, a_scales, b_values, b_scales)
+    if transpose_out and p.batch != 1:
+        raise ValueError(f"transpose_out takes one (M, N) product, got a batch of {p.batch}")
     _, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
     tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(p.n, config.block_n)
     programs = min(config.num_sms, tiles)
+    out_dtype = OUT_DTYPES[p.out_dtype]
     out = scratch.scratch_call(
         block_fp8_gluon_kernel, a_values.reshape(rows, p.k), a_scales.reshape(rows, p.k // SCALE_GROUP),
         b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
-        out_shape=jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]), grid=(programs, 1, 1),
-        num_warps=4, num_stages=config.num_stages, compute_capability=compute_capability,
+        out_shape=jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), out_dtype),
+        grid=(programs, 1, 1), num_warps=4, num_stages=config.num_stages, compute_capability=compute_capability,
         name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, STAGES=config.num_stages,
-        TMA_STORE=out_rows_tma_aligned(p), EPI_BUFS=epilogue_buffers(config, OUT_DTYPES[p.out_dtype]),
+        TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
+        TRANS_OUT=bool(transpose_out),
     )
-    return out.reshape(p.batch, p.m, p.n)
+    return out.reshape((1, p.n, p.m) if transpose_out else (p.batch, p.m, p.n))
