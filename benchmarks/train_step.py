@@ -110,10 +110,13 @@ def run_step(step, carry: list, tokens) -> jax.Array:
 
 
 def time_step(example, cfg, recipe: str, warmup: int, steps: int, trace_steps: int = 0
-              ) -> tuple[list[float], KernelProfile | None]:
-    """Wall seconds per training step (each measured alone) of TinyLM with `recipe`, and with
-    `trace_steps` > 0 the kernel profile per step of that many more steps traced together."""
+              ) -> tuple[list[float], KernelProfile | None, float]:
+    """Wall seconds per training step (each measured alone) of TinyLM with `recipe`, with `trace_steps` > 0
+    the kernel profile per step of that many more steps traced together, and the compiled step's scratch
+    memory in bytes (XLA's temp allocation: activations kept for the backward live there)."""
     step, carry, tokens = make_step(example, cfg, recipe)
+    temp = step.lower(*carry, tokens).compile().memory_analysis()
+    temp_bytes = getattr(temp, "temp_size_in_bytes", math.nan) if temp is not None else math.nan
     for _ in range(warmup):
         jax.block_until_ready(run_step(step, carry, tokens))
     times = []
@@ -125,7 +128,7 @@ def time_step(example, cfg, recipe: str, warmup: int, steps: int, trace_steps: i
     if loss is not None and not bool(jnp.isfinite(loss)):
         raise RuntimeError(f"{recipe}: the loss is not finite ({loss})")
     kernel = profile(lambda: run_step(step, carry, tokens), calls=trace_steps) if trace_steps > 0 else None
-    return times, kernel
+    return times, kernel, temp_bytes
 
 
 def _ms(v: float) -> str:
@@ -143,20 +146,28 @@ def report(rows: list[dict], target: str, top: int = 8) -> str:
     bw = base["wall_s"] if base else math.nan
     bk = base["kernel_s"] if base else math.nan
     # time / bf16's time: below 1 is faster than bf16 (the speedup is its inverse)
-    out = ["| recipe | wall ms | kernel ms | GEMM ms | quant ms | other ms | memcpy ms | wall / bf16 time | "
-           "kernel / bf16 time | tokens/s (wall) | GEMM paths on " + target + " |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    bo = base["other_s"] if base else math.nan
+    # "GEMM-only bound": the step if quantization cost nothing and everything else cost what bf16's does
+    # (this recipe's GEMM time + bf16's other), as a time ratio to bf16: what faster quantization
+    # and fewer extra kernels could reach with these GEMMs.
+    out = ["| recipe | remat saves | scratch MiB | wall ms | kernel ms | GEMM ms | quant ms | other ms | memcpy ms | "
+           "wall / bf16 time | kernel / bf16 time | GEMM-only bound / bf16 | tokens/s (wall) | "
+           "GEMM paths on " + target + " |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['recipe']} | {_ms(r['wall_s'])} | {_ms(r['kernel_s'])} | {_ms(r['gemm_s'])} | "
-                   f"{_ms(r['quant_s'])} | {_ms(r['other_s'])} | {_ms(r['memcpy_s'])} | {_ratio(r['wall_s'], bw)} | "
-                   f"{_ratio(r['kernel_s'], bk)} | {r['tokens_per_s']:.0f} | {r['paths']} |")
+        temp = r.get("temp_mib", math.nan)
+        out.append(f"| {r['recipe']} | {r['remat_saves']} | {temp:.0f} | {_ms(r['wall_s'])} | {_ms(r['kernel_s'])} | "
+                   f"{_ms(r['gemm_s'])} | {_ms(r['quant_s'])} | {_ms(r['other_s'])} | {_ms(r['memcpy_s'])} | "
+                   f"{_ratio(r['wall_s'], bw)} | {_ratio(r['kernel_s'], bk)} | {_ratio(r['gemm_s'] + bo, bk)} | "
+                   f"{r['tokens_per_s']:.0f} | {r['paths']} |")
     for r in rows:
         kp = r.get("profile")
         if kp is None or not kp.ok:
             if kp is not None:
                 out += ["", f"{r['recipe']}: no kernel time ({kp.note})"]
             continue
-        out += ["", f"Top kernels, {r['recipe']} ({kp.launches:.0f} launches per step, {kp.source}):", "",
+        out += ["", f"Top kernels, {r['recipe']}, remat saves {r['remat_saves']} ({kp.launches:.0f} launches per "
+                f"step, {kp.source}):", "",
                 "| kernel | ms per step | launches | class | share |", "|---|---|---|---|---|"]
         for k in kp.top(top):
             name = k.name if len(k.name) <= 90 else k.name[:87] + "..."
@@ -180,6 +191,9 @@ def parse(argv) -> argparse.Namespace:
                    help="sum CUPTI kernel durations per step (default: on when there is a GPU)")
     p.add_argument("--no-kernel-time", dest="kernel_time", action="store_false")
     p.add_argument("--no-remat", action="store_true")
+    p.add_argument("--remat-saves", default="weights",
+                   help="comma-separated Config.remat_saves values (nothing, weights, weights+inputs); each "
+                        "quantizing recipe runs once per value, bf16 once (it has nothing to save)")
     p.add_argument("--top", type=int, default=8, help="kernels listed per recipe")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     return p.parse_args(argv)
@@ -202,17 +216,24 @@ def main(argv=None) -> list[dict]:
     print(f"jax {jax.__version__}, {device} (target {target}); {a.preset if backend == 'gpu' else 'tiny'}: {cfg}; "
           f"kernel time {'on' if kernel_time else 'off'}")
 
+    saves = a.remat_saves.split(",")
+    for v in saves:
+        example.remat_policy(v)  # refuses an unknown value before anything compiles
+    runs = [(r, v) for r in a.recipes.split(",") for v in (saves if get_recipe(r).quantizes else saves[:1])]
     rows = []
-    for recipe in a.recipes.split(","):
-        times, kp = time_step(example, cfg, recipe, a.warmup, a.steps, a.trace_steps if kernel_time else 0)
+    for recipe, saved in runs:
+        run_cfg = dataclasses.replace(cfg, remat_saves=saved)
+        times, kp, temp_bytes = time_step(example, run_cfg, recipe, a.warmup, a.steps,
+                                          a.trace_steps if kernel_time else 0)
         split = breakdown(kp) if kp is not None else {c: math.nan for c in (GEMM, QUANT, OTHER)}
-        rows.append(dict(recipe=recipe, wall_s=statistics.median(times), wall_min_s=min(times),
+        rows.append(dict(recipe=recipe, remat_saves=saved if cfg.remat and get_recipe(recipe).quantizes else "-",
+                         wall_s=statistics.median(times), wall_min_s=min(times), temp_mib=temp_bytes / 2**20,
                          kernel_s=kp.kernel_s if kp is not None else math.nan, gemm_s=split[GEMM],
                          quant_s=split[QUANT], other_s=split[OTHER],
                          memcpy_s=kp.memcpy_s if kp is not None else math.nan, profile=kp,
                          paths=_paths(recipe, target)))
-        print(f"  {recipe}: wall {_ms(rows[-1]['wall_s'])} ms, kernel {_ms(rows[-1]['kernel_s'])} ms per step",
-              flush=True)
+        print(f"  {recipe} (remat saves {rows[-1]['remat_saves']}): wall {_ms(rows[-1]['wall_s'])} ms, kernel "
+              f"{_ms(rows[-1]['kernel_s'])} ms per step", flush=True)
     tokens = cfg.batch * cfg.seq
     for r in rows:
         r["tokens_per_s"] = tokens / r["wall_s"]
@@ -224,7 +245,7 @@ def main(argv=None) -> list[dict]:
     return rows
 
 
-CSV_FIELDS = ["recipe", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths", "kernel_ms", "gemm_ms",
+CSV_FIELDS = ["recipe", "remat_saves", "scratch_mib", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths", "kernel_ms", "gemm_ms",
               "quant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16", "kernel_launches", "kernel_source",
               "top_kernels"]
 
@@ -244,7 +265,8 @@ def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict,
         writer.writeheader()
         for r in rows:
             kp = r["profile"]
-            writer.writerow({**meta, "recipe": r["recipe"], "median_ms": num(r["wall_s"] * 1e3, 6),
+            writer.writerow({**meta, "recipe": r["recipe"], "remat_saves": r["remat_saves"],
+                             "scratch_mib": num(r.get("temp_mib", math.nan), 6), "median_ms": num(r["wall_s"] * 1e3, 6),
                              "min_ms": num(r["wall_min_s"] * 1e3, 6),
                              "ratio_vs_bf16": num(r["wall_s"] / base["wall_s"]) if base else "",
                              "tokens_per_s": num(r["tokens_per_s"], 6), "paths": r["paths"],
@@ -254,7 +276,7 @@ def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict,
                              "kernel_ratio_vs_bf16": num(r["kernel_s"] / base["kernel_s"]) if base else "",
                              "kernel_launches": num(kp.launches) if kp is not None else "",
                              "kernel_source": (kp.source or kp.note) if kp is not None else "",
-                             "top_kernels": kp.summary(8) if kp is not None and kp.ok else ""})
+                             "top_kernels": kp.summary(a.top) if kp is not None and kp.ok else ""})
     return path
 
 

@@ -6,7 +6,8 @@
 Every run starts from the same initial weights and sees the same synthetic batches, so the curves differ
 only by the recipe's arithmetic. The models are Flax linen; every projection is a
 `jax_blockscale.nn.linen.Dense` with the recipe, except the output heads, which stay bf16 as is common
-practice for low-precision training. Transformer blocks are stacked with `nn.scan` over `nn.remat`.
+practice for low-precision training. Transformer blocks are stacked with `nn.scan` over `nn.remat`, which
+keeps the quantized weights for the backward (`jax_blockscale.checkpoint_policy`; `--remat-saves`).
 
 Tasks (synthetic, so nothing is downloaded):
 - MLP: regression onto a fixed random teacher MLP, x ~ N(0, 1), mean squared error.
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import jax_blockscale as jb
 from jax_blockscale.nn.linen import Dense
 
 RECIPES = ("bf16", "mxfp8", "fp8_deepseek")
@@ -52,6 +54,10 @@ class Config:
     lr: float = 3e-3
     seed: int = 0
     remat: bool = True
+    # What the remat'd blocks keep for the backward (jax_blockscale.checkpoint_policy): "nothing" (recompute
+    # all), "weights" (the quantized weights: no re-quantization of W), "weights+inputs" (and the quantized
+    # block-projection inputs). bf16 layers have nothing named, so for them all three recompute everything.
+    remat_saves: str = "weights"
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -94,6 +100,18 @@ class Block(nn.Module):
         return x, None
 
 
+REMAT_SAVES = ("nothing", "weights", "weights+inputs")
+
+
+def remat_policy(saves: str):
+    """The `nn.remat` policy for Config.remat_saves."""
+    if saves not in REMAT_SAVES:
+        raise ValueError(f"remat_saves must be one of {REMAT_SAVES}, got {saves!r}")
+    if saves == "nothing":
+        return None
+    return jb.checkpoint_policy(weights=True, inputs=saves == "weights+inputs")
+
+
 class TinyLM(nn.Module):
     cfg: Config
     recipe: str
@@ -104,7 +122,7 @@ class TinyLM(nn.Module):
         x = nn.Embed(c.vocab, c.d_model)(tokens) + self.param(
             "pos", nn.initializers.normal(0.02), (c.seq, c.d_model))[: tokens.shape[1]]
         x = x.astype(jnp.bfloat16)
-        block = nn.remat(Block) if c.remat else Block
+        block = nn.remat(Block, policy=remat_policy(c.remat_saves)) if c.remat else Block
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True}, length=c.layers)
         x, _ = stack(c.d_model, c.heads, self.recipe, name="blocks")(x, None)
         x = nn.LayerNorm(dtype=jnp.bfloat16)(x)

@@ -23,7 +23,8 @@ from .quantize_primitive import quantize_with_transpose
 __all__ += ["detect_target", "explain", "explain_all", "matmul", "quantize_operand", "quantize_with_transpose", "quantizer"]
 
 from .dot_general import BlockScaledDotGeneral, dot_general
-from .recipes import RECIPE_NAMES, RECIPES, Recipe, get_recipe, quantize_weight, quantized_dense, recipe_matmul
+from .recipes import (RECIPE_NAMES, RECIPES, Recipe, checkpoint_policy, get_recipe, quantize_weight, quantized_dense,
+                      recipe_matmul)
 
-__all__ += ["BlockScaledDotGeneral", "RECIPE_NAMES", "RECIPES", "Recipe", "dot_general", "get_recipe",
-            "quantize_weight", "quantized_dense", "recipe_matmul"]
+__all__ += ["BlockScaledDotGeneral", "RECIPE_NAMES", "RECIPES", "Recipe", "checkpoint_policy", "dot_general",
+            "get_recipe", "quantize_weight", "quantized_dense", "recipe_matmul"]

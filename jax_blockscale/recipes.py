@@ -37,6 +37,11 @@ dequantized one when the weight is pre-quantized), so they can also be fine-tune
 
 Residuals: the forward saves the wgrad operand x^T and the dgrad operand W^T already quantized when the
 recipe quantizes them (about 1 byte per element instead of 2-4), else the high-precision tensors.
+
+Rematerialization: under `jax.checkpoint` / `nn.remat` the backward re-runs the forward, quantizations
+included. The forward names what it quantizes (`jax.ad_checkpoint.checkpoint_name`): `WEIGHT_NAME` on
+W's quantizations, `INPUT_NAME` on x's; `checkpoint_policy()` saves them, so the recomputation reads
+them instead of quantizing again (about 2 bytes per element kept for each: both layouts of 1-byte codes).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from . import _explicit, validation
 from .api import matmul, quantize_operand
@@ -56,7 +62,7 @@ from .quantize import ROUNDING_MODES, BlockScaledArray
 from .quantize_primitive import quantize_sides
 
 __all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
-           "quantized_dense", "quantize_weight"]
+           "quantized_dense", "quantize_weight", "WEIGHT_NAME", "INPUT_NAME", "checkpoint_policy"]
 
 _DEEPSEEK_ACT = BlockFP8Format(tile=DEEPSEEK_TILES["a"])
 _DEEPSEEK_WEIGHT = BlockFP8Format(tile=DEEPSEEK_TILES["b"])
@@ -174,14 +180,17 @@ def _t(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2)
 
 
-def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
-    """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled.
+def _gemm(a, b, out_dtype, out_sharding=None, transpose_out: bool = False) -> jax.Array:
+    """a (.., M, K) x b (.., N, K) -> (.., M, N), or (.., N, M) with transpose_out: the primitive if either
+    side is block-scaled (whose Hopper block FP8 kernel writes the transposed product directly).
 
     `out_sharding`: the result's sharding on a mesh with Explicit axes (a gradient's must be its primal's);
     None leaves it to the matmul (`jax_blockscale._explicit`).
     """
     if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
-        return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
+        return _explicit.like(matmul(a, b, out_dtype=out_dtype, transpose_out=transpose_out), out_sharding)
+    if transpose_out:
+        return _explicit.like(_t(_explicit.nt_dot(a, b, None, preferred_element_type=out_dtype)), out_sharding)
     # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
     # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
     return _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
@@ -204,6 +213,36 @@ class _Static:
     # quantization kernel and dW comes out of the wgrad GEMM as (K, N), so no XLA transpose of the weight
     # or its gradient runs (on an H100, fp8_deepseek d4096: ~3.8 ms of transposes per step).
     w_kn: bool = False
+
+
+WEIGHT_NAME = "jax_blockscale.weight"
+INPUT_NAME = "jax_blockscale.input"
+
+
+def checkpoint_policy(*, weights: bool = True, inputs: bool = False):
+    """A `jax.checkpoint` / `nn.remat` policy that saves the recipes' quantizations for the backward.
+
+    weights: W's quantized layouts (fprop's W and dgrad's W^T), so the recomputed forward does not
+    quantize the weights again: 2 bytes per weight element kept per layer, a pass over the (float32)
+    weight saved. inputs: x's quantized layouts (fprop's x and wgrad's x^T) too: 2 bytes per activation
+    element kept, a pass over x saved. Nothing else is saved: as `nothing_saveable` for everything the
+    recipes do not name (a bf16 layer's dots are recomputed as before)."""
+    names = ([WEIGHT_NAME] if weights else []) + ([INPUT_NAME] if inputs else [])
+    return jax.checkpoint_policies.save_only_these_names(*names)
+
+
+def _named(tree, name: str):
+    """`checkpoint_name` on every array of `tree`, 1-byte floats (element codes, e8m0 scales) as uint8.
+
+    Why the bitcast: for each saved residual, remat inserts `reduce_precision` with the dtype's finfo
+    (jax `_insert_reduce_precision`), for float8_e4m3fn (4 exponent, 3 mantissa bits), and XLA applies that
+    as an IEEE format with infinities: codes of 256..448 would come back as Inf. Bitcasts cost no kernel."""
+    def one(x):
+        if not isinstance(x, jax.Array) or x.dtype.itemsize != 1 or not jnp.issubdtype(x.dtype, jnp.floating):
+            return checkpoint_name(x, name)
+        return jax.lax.bitcast_convert_type(checkpoint_name(jax.lax.bitcast_convert_type(x, jnp.uint8), name),
+                                            x.dtype)
+    return jax.tree.map(one, tree)
 
 
 def _swap_wgrad(r: Recipe) -> bool:
@@ -243,6 +282,9 @@ def _core_fwd(x, w, s: _Static):
     else:
         qw, wt = quantize_sides(w, r.fprop[1], r.dgrad[1], r.rounding)
         w_res = wt if r.dgrad[1] else w
+    # Names for rematerialization (`checkpoint_policy`); outside jax.checkpoint they change nothing.
+    qx, x_res = _named((qx, x_res), INPUT_NAME)
+    qw, w_res = _named((qw, w_res), WEIGHT_NAME)
     out = _gemm(x if qx is None else qx, w if qw is None else qw, s.out_dtype)
     return out, (x_res, w_res)
 
@@ -268,8 +310,8 @@ def _core_bwd(s: _Static, res, g):
         dw = _gemm(gt, xt, s.w_dtype, s.w_sharding)
     elif _swap_wgrad(r):
         dw = _gemm(xt, gt, s.w_dtype, s.w_sharding)
-    else:
-        dw = _explicit.like(_t(_gemm(gt, xt, s.w_dtype)), s.w_sharding)
+    else:  # dW^T's GEMM, written transposed (fp8_deepseek: its pair has no swapped kernel)
+        dw = _gemm(gt, xt, s.w_dtype, s.w_sharding, transpose_out=True)
     return dx, dw
 
 

@@ -26,7 +26,7 @@ def test_presets():
 def _row(recipe, wall_ms, events, steps=2):
     kp = aggregate(events, calls=steps)
     split = breakdown(kp)
-    return dict(recipe=recipe, wall_s=wall_ms / 1e3, wall_min_s=wall_ms / 1e3, kernel_s=kp.kernel_s,
+    return dict(recipe=recipe, remat_saves="-" if recipe == "bf16" else "weights", wall_s=wall_ms / 1e3, wall_min_s=wall_ms / 1e3, kernel_s=kp.kernel_s,
                 gemm_s=split[GEMM], quant_s=split[QUANT], other_s=split[OTHER], memcpy_s=kp.memcpy_s, profile=kp,
                 paths="fprop dense", tokens_per_s=1000.0)
 
@@ -41,16 +41,27 @@ def test_report_breakdown_ratios_and_top_kernels():
     text = train_step.report([bf16, fp8], "sm_90", top=2)
     line = next(ln for ln in text.splitlines() if ln.startswith("| fp8_deepseek"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:9] == ["fp8_deepseek", "150.00", "60.00", "40.00", "8.00", "12.00", "0.00", "1.500", "1.500"]
+    assert cells[:11] == ["fp8_deepseek", "weights", "nan", "150.00", "60.00", "40.00", "8.00", "12.00", "0.00",
+                          "1.500", "1.500"]  # no scratch size given: nan
+    assert cells[11] == "1.250"  # GEMM-only bound: fp8's 40 ms GEMM + bf16's 10 ms other, over bf16's 40 ms
     assert "Top kernels, fp8_deepseek" in text and "| `block_fp8_kernel` | 40.000 | 1 | gemm | 66.7% |" in text
     assert "quantize_rows" not in text and text.count("| `loop_add_fusion`") == 2  # top=2: 8 ms is third
     assert "`quantize_rows` | 8.000 | 1 | quantization" in train_step.report([bf16, fp8], "sm_90", top=3)
 
 
+def test_remat_saves_runs_each_quantizing_recipe_per_value(tmp_path):
+    rows = train_step.main(["--recipes", "bf16,fp8_deepseek", "--remat-saves", "nothing,weights+inputs",
+                            "--no-kernel-time", "--steps", "1", "--out", str(tmp_path)])
+    assert [(r["recipe"], r["remat_saves"]) for r in rows] == [
+        ("bf16", "-"), ("fp8_deepseek", "nothing"), ("fp8_deepseek", "weights+inputs")]
+    with pytest.raises(ValueError, match="remat_saves must be one of"):
+        train_step.main(["--recipes", "bf16", "--remat-saves", "all", "--out", str(tmp_path)])
+
+
 def test_cpu_run_writes_kernel_columns(tmp_path):
     rows = train_step.main(["--recipes", "bf16", "--kernel-time", "--steps", "1", "--trace-steps", "1",
                             "--out", str(tmp_path)])
-    assert len(rows) == 1 and rows[0]["wall_s"] > 0
+    assert len(rows) == 1 and rows[0]["wall_s"] > 0 and rows[0]["temp_mib"] >= 0
     (path,) = tmp_path.glob("train_step_*.csv")
     with open(path, newline="") as f:
         (r,) = list(csv.DictReader(f))
