@@ -145,4 +145,4 @@ def test_gluon_transposed_output_is_the_product_transposed(gluon, capability, m,
                                    transpose_out=True))
     got = np.asarray(fn(*operands))
     assert got.shape == (1, n, m)
-    assert np.array_equal(got[0].T.view(np.uint8), plain[0].view(np.uint8))
+    assert np.array_equal(np.ascontiguousarray(got[0].T).view(np.uint8), plain[0].view(np.uint8))
