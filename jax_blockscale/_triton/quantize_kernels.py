@@ -332,8 +332,11 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
             sign_src = scaled
     elif KIND == "fp8":
         # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
-        # with NaN/Inf), elements RN32(x * (1 / scale)) in float64.
-        scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) / 448.0))
+        # with NaN/Inf), elements RN32(x * (1 / scale)) in float64. The scale as a product with float64's
+        # 1 / 448: the same float32 by quantize.py's lemma (within 2**-52 of the quotient), without a
+        # float64 division per block (~10 DFMA and a slow path, on a per-block value that many threads
+        # hold: 6.8 of 52.6 instructions per element for fp8 1x128 + transposed on sm_90).
+        scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) * (1.0 / 448.0)))
         scale64 = tl.where(bad, float("nan"), scale64)
         scales = scale64.to(tl.float32)
         if DIV == "f32":
