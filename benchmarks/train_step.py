@@ -191,7 +191,7 @@ def parse(argv) -> argparse.Namespace:
                    help="sum CUPTI kernel durations per step (default: on when there is a GPU)")
     p.add_argument("--no-kernel-time", dest="kernel_time", action="store_false")
     p.add_argument("--no-remat", action="store_true")
-    p.add_argument("--remat-saves", default="weights",
+    p.add_argument("--remat-saves", default="weights+inputs",
                    help="comma-separated Config.remat_saves values (nothing, weights, weights+inputs); each "
                         "quantizing recipe runs once per value, bf16 once (it has nothing to save)")
     p.add_argument("--top", type=int, default=8, help="kernels listed per recipe")

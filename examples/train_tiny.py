@@ -7,7 +7,8 @@ Every run starts from the same initial weights and sees the same synthetic batch
 only by the recipe's arithmetic. The models are Flax linen; every projection is a
 `jax_blockscale.nn.linen.Dense` with the recipe, except the output heads, which stay bf16 as is common
 practice for low-precision training. Transformer blocks are stacked with `nn.scan` over `nn.remat`, which
-keeps the quantized weights for the backward (`jax_blockscale.checkpoint_policy`; `--remat-saves`).
+keeps the quantized weights and projection inputs for the backward (`jax_blockscale.checkpoint_policy`;
+`--remat-saves`).
 
 Tasks (synthetic, so nothing is downloaded):
 - MLP: regression onto a fixed random teacher MLP, x ~ N(0, 1), mean squared error.
@@ -56,8 +57,10 @@ class Config:
     remat: bool = True
     # What the remat'd blocks keep for the backward (jax_blockscale.checkpoint_policy): "nothing" (recompute
     # all), "weights" (the quantized weights: no re-quantization of W), "weights+inputs" (and the quantized
-    # block-projection inputs). bf16 layers have nothing named, so for them all three recompute everything.
-    remat_saves: str = "weights"
+    # block-projection inputs; the default: an fp8_deepseek step on an H100 at d4096 spends 3.7 ms instead of
+    # 5.6 in quantization and keeps ~0.6 GB more, benchmarks/train_step.py). bf16 layers have nothing named,
+    # so for them all three recompute everything.
+    remat_saves: str = "weights+inputs"
 
 
 # ------------------------------------------------------------------------------------------------ models
