@@ -245,9 +245,9 @@ def main(argv=None) -> list[dict]:
     return rows
 
 
-CSV_FIELDS = ["recipe", "remat_saves", "scratch_mib", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths", "kernel_ms", "gemm_ms",
-              "quant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16", "kernel_launches", "kernel_source",
-              "top_kernels"]
+CSV_FIELDS = ["recipe", "remat_saves", "scratch_mib", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths",
+              "kernel_ms", "gemm_ms", "quant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16", "kernel_launches",
+              "kernel_source", "top_kernels"]
 
 
 def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict, cfg, a) -> pathlib.Path:
