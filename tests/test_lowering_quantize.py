@@ -148,22 +148,24 @@ def test_strips_validated_and_cut_registers():
         regs[strips] = registers(compile_kernel(qk.quantize_kernel, target="sm_90", signature=sig,
                                                 constexprs=p.constexprs, num_warps=p.num_warps,
                                                 num_stages=1).asm["cubin"])
-    assert regs[1] == 255 and regs[2] <= 128, regs
+    assert regs[1] >= 240 and regs[2] <= 128, regs  # one pass at the register limit (254-255), strips half
 
 
-@pytest.mark.parametrize("recipe,weight_transposes", [("mxfp8", 0), ("nvfp4", 0), ("fp8_deepseek", 1)])
-def test_flax_dense_training_step_transposes_no_weight(hopper, recipe, weight_transposes):
+@pytest.mark.parametrize("recipe,weight_transposes,k,n,tokens", [
+    ("mxfp8", 0, 256, 384, 128), ("nvfp4", 0, 256, 384, 128), ("fp8_deepseek", 1, 256, 384, 128),
+    ("fp8_deepseek", 0, 2048, 2048, 1024)])
+def test_flax_dense_training_step_transposes_no_weight(hopper, recipe, weight_transposes, k, n, tokens):
     """A Flax Dense passes its (in, out) kernel as it lies (quantized_dense w_layout="kn"): the quantization
     kernel writes the (N, K) layout and the wgrad GEMM dW as (K, N), so no StableHLO transpose of a
-    weight-shaped tensor remains; fp8_deepseek keeps one, of dW (its wgrad pair 1x128 x 128x128 has no
-    swapped kernel)."""
+    weight-shaped tensor remains. fp8_deepseek's wgrad pair (1x128 x 128x128) has no swapped kernel: its
+    GEMM writes dW transposed (matmul transpose_out), which the Gluon kernel does in its epilogue from
+    2048 x 2048 x 1024 up; below that the Triton kernel's dW is transposed by XLA (the one left)."""
     import re
 
     from jax_blockscale.nn.linen import Dense
 
-    k, n = 256, 384
     layer = Dense(n, recipe=recipe, dtype=jnp.bfloat16)
-    x = jnp.zeros((128, k), jnp.bfloat16)
+    x = jnp.zeros((tokens, k), jnp.bfloat16)
     params = layer.init(jax.random.key(0), x)
 
     def step(params, x):
