@@ -180,17 +180,14 @@ def _t(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2)
 
 
-def _gemm(a, b, out_dtype, out_sharding=None, transpose_out: bool = False) -> jax.Array:
-    """a (.., M, K) x b (.., N, K) -> (.., M, N), or (.., N, M) with transpose_out: the primitive if either
-    side is block-scaled (whose Hopper block FP8 kernel writes the transposed product directly).
+def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
+    """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled.
 
     `out_sharding`: the result's sharding on a mesh with Explicit axes (a gradient's must be its primal's);
     None leaves it to the matmul (`jax_blockscale._explicit`).
     """
     if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
-        return _explicit.like(matmul(a, b, out_dtype=out_dtype, transpose_out=transpose_out), out_sharding)
-    if transpose_out:
-        return _explicit.like(_t(_explicit.nt_dot(a, b, None, preferred_element_type=out_dtype)), out_sharding)
+        return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
     # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
     # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
     return _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
@@ -310,8 +307,10 @@ def _core_bwd(s: _Static, res, g):
         dw = _gemm(gt, xt, s.w_dtype, s.w_sharding)
     elif _swap_wgrad(r):
         dw = _gemm(xt, gt, s.w_dtype, s.w_sharding)
-    else:  # dW^T's GEMM, written transposed (fp8_deepseek: its pair has no swapped kernel)
-        dw = _gemm(gt, xt, s.w_dtype, s.w_sharding, transpose_out=True)
+    else:
+        # The pair differs (fp8_deepseek: 1x128 dy^T, 128x128 x^T; no kernel takes it swapped), so one side
+        # is block-scaled (two dense sides swap) and the primitive writes dW^T's product transposed.
+        dw = _explicit.like(matmul(gt, xt, out_dtype=s.w_dtype, transpose_out=True), s.w_sharding)
     return dx, dw
 
 

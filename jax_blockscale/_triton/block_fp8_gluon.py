@@ -136,12 +136,10 @@ def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constex
         tma.store_wait(pendings=0)  # this buffer's previous store has read it
         if TRANS_OUT:
             c_smem.permute((1, 0)).store(out)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(out_desc, [col, row], c_smem)
         else:
             c_smem.store(out)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(out_desc, [row, col], c_smem)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [col, row] if TRANS_OUT else [row, col], c_smem)
     else:
         cols = col + gl.arange(0, SUBTILE_N, layout=gl.SliceLayout(0, mma_layout))
         if TRANS_OUT:
