@@ -6,11 +6,13 @@
     python -m benchmarks.quant_variants --cases nvfp4,fp8_1x128 --default-plan --divs f64,f32   # quotient paths
     python -m benchmarks.quant_variants --cases mxfp8,mxfp8+T --default-plan --cvts int,hw --t-words 0,1
     python -m benchmarks.quant_variants --cases fp8_1x128+T,mxfp8+T --default-plan --strips 1,2,4 --warps 4,8
+    python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --default-plan --gluon   # + Gluon
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
 the row side's codes transposed ("reuse", square fp8 tiles on both sides), each side in one pass over the
-tile or in `strips` passes over strips of it (plan's strips=). Every variant's outputs are first
+tile or in `strips` passes over strips of it (plan's strips=); with --gluon, also the Gluon kernel
+(`_triton/quantize_fp8_gluon.py`, mode "gluon") for the cases it takes. Every variant's outputs are first
 compared bit for bit with the jnp quantizer run on the same device (`quantize_primitive._reference`); a
 variant that differs is reported and not timed. Rate: ideal bytes (input read once + every output written)
 per second of kernel time (CUPTI, `_kernel_time`), as a fraction of the `x * 2` pass's rate (bf16 read +
@@ -37,6 +39,7 @@ import numpy as np  # noqa: E402
 
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale import quantize_primitive as qp  # noqa: E402
+from jax_blockscale._triton import quantize_fp8_gluon as qg  # noqa: E402
 from jax_blockscale._triton import quantize_kernels as qk  # noqa: E402
 from jax_blockscale.formats import get_format  # noqa: E402
 
@@ -53,6 +56,7 @@ CASES = {  # label -> (row format, column format); nvfp4 sides get the tensor sc
     "nvfp4+T": (get_format("nvfp4"), get_format("nvfp4")),
     "fp8_1x128+T": (FP8_1x128, FP8_1x128),
     "fp8_128x128+T": (FP8_128, FP8_128),
+    "fp8_1x128+128T": (FP8_1x128, FP8_128),  # fp8_deepseek's activations: x^T as a 128 x 128 weight tile
     "nvfp4+mxfp8T": (get_format("nvfp4"), get_format("mxfp8")),  # the nvfp4 recipe's activations
 }
 TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64), (128, 128))
@@ -62,8 +66,15 @@ def _nbytes(shapes) -> int:
     return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes if s != (1,))
 
 
+GLUON = "gluon"  # the variant that runs quantize_fp8_gluon instead of a quantize_kernels plan
+
+
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
+    if variant == GLUON:
+        run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90,
+                                kernel="gluon")
+        return jax.jit(lambda x, ts: run(x[None], ts)), qk.plan(1, *shape, qk.Side(row), qk.Side(col))
     mode, tile, warps, div, cvt, words, strips = variant
     overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words, strips=strips)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
@@ -106,6 +117,8 @@ def main() -> None:
     ap.add_argument("--strips", default="1", help="passes per side over strips of the tile (plan's strips=)")
     ap.add_argument("--default-plan", action="store_true",
                     help="the plan's own tile and warps (unless --warps is given) and column mode: a quick run")
+    ap.add_argument("--gluon", action="store_true",
+                    help="also time the Gluon fp8 1x128 + transposed kernel where it applies (row mode 'gluon')")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -142,13 +155,19 @@ def main() -> None:
             modes_c = [modes[0]] if col is None else [p0.constexprs["COL_MODE"]]  # the plan's column mode
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
-        for variant in variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words, strips):
+        todo = variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words, strips)
+        if args.gluon and qp.fused_kernel(shape, jnp.bfloat16, (row, "rceil"), (col, "rceil"), 90) == "gluon":
+            todo = [GLUON] + todo
+        for variant in todo:
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            mode, tile, w, div, cvt, tw, st = variant
-            head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "
-                    f"{'-' if tw is None else int(tw)} | {st or '-'} |")
+            if variant == GLUON:
+                head = f"| {label} | gluon | 128x128 | {qg.NUM_WARPS} | f32 | hw | - | - |"
+            else:
+                mode, tile, w, div, cvt, tw, st = variant
+                head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "
+                        f"{'-' if tw is None else int(tw)} | {st or '-'} |")
             if not on_gpu:  # the kernel does not run on a CPU (no interpreter here): the plan only
                 lines.append(f"{head} - | - | - | not run (CPU) |")
                 continue

@@ -80,7 +80,8 @@ def test_kernel_equals_jnp_on_gpu_with_subnormals(name, block, rounding, dtype):
     _assert_same(got, _jnp(x, fmt, rounding), f"{name} {block} {rounding} {dtype}")
 
 
-@pytest.mark.parametrize("name,block,rounding", FORMATS[::2])
+# Every other format, and fp8 1x128 (the fp8_deepseek gradients' pair: the Gluon kernel on sm_90+).
+@pytest.mark.parametrize("name,block,rounding", FORMATS[::2] + [("fp8_block", (1, 128), "rceil")])
 def test_transposed_side_equals_jnp_on_gpu(name, block, rounding):
     fmt = get_format(name, block=block)
     x = jnp.asarray(_input("bf16", True))

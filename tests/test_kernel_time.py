@@ -55,6 +55,7 @@ def test_aggregate_without_kernels_is_nan_not_zero():
     ("nvjet_hsh_192x192_64x4_2x1_v_bz_coopB_TNT", GEMM), ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", GEMM),
     ("cutlass3x_sm90_tensorop_gemm", GEMM), ("gemm_fusion_dot_3", GEMM), ("void cublasLt::splitKreduce_kernel", GEMM),
     ("quantize_mxfp8_kernel", QUANT), ("jbs_quantize_rows", QUANT), ("_quantize_fp8_block", QUANT),
+    ("quantize_fp8_1x128_t_kernel", QUANT), ("quantize_kernel", QUANT),
     ("loop_multiply_fusion", OTHER), ("input_reduce_fusion_2", OTHER), ("dequantize_fusion", OTHER),
     ("wrapped_convert", OTHER), ("MemcpyD2D", OTHER),
 ])

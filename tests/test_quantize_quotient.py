@@ -45,8 +45,20 @@ def old_path(x, d, zero_on_inf):
     return scaled
 
 
-def parts(d, zero_on_inf):
-    """quantize_kernels._quotient_parts in NumPy: (c, d_s, y_s, sign_mask) per block."""
+def sign_addend(d, zero_on_inf, generated_nan_sign=None):
+    """quantize_kernels._sign_addend in NumPy: z per block, the code's sign being x_s + z's.
+    generated_nan_sign: the sign bit of a float64 0 * Inf (None: this machine's, as the kernel computes it)."""
+    if generated_nan_sign is None:
+        with np.errstate(invalid="ignore"):
+            generated = (np.float64(0.0) * np.float64(np.inf)).astype(F32)
+        generated_nan_sign = int(np.array(generated).view(np.uint32)) >> 31
+    zero_fill = 0x7FC00000 if zero_on_inf else (0x80000001 if generated_nan_sign else 0)
+    bits = np.where(np.isnan(d), 0x7FC00000, np.where(d == 0, zero_fill, 0x80000000))
+    return bits.astype(np.uint32).view(F32)
+
+
+def parts(d, zero_on_inf, generated_nan_sign=None):
+    """quantize_kernels._quotient_parts in NumPy: (c, d_s, y_s, z) per block."""
     bits = d.view(np.uint32).astype(np.int64)
     normal = (np.abs(d) >= F32(2.0**-126)) & np.isfinite(d)
     e = ((bits >> 23) & 0xFF) - 127
@@ -55,21 +67,26 @@ def parts(d, zero_on_inf):
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         d_s = np.where(normal, d * c, F32(0))
         y_s = (F32(1) / np.where(normal, d_s, d)).astype(F32)  # IEEE float32 division (div_rn)
-    mask = np.full(d.shape, 1 << 31, np.int64)
     if zero_on_inf:
         y_s = np.where(d == 0, F32(0), y_s)
-        mask = np.where(d == 0, 0, mask)
-    return c, d_s, y_s, mask
+    return c, d_s, y_s, sign_addend(d, zero_on_inf, generated_nan_sign)
 
 
-def new_path(x, d, zero_on_inf):
-    c, d_s, y_s, mask = parts(d, zero_on_inf)
+def new_path(x, d, zero_on_inf, generated_nan_sign=None, canonical_nan=False):
+    """The kernel's float32 quotient: (q, sign source). canonical_nan: every float32 NaN result is
+    0x7FFFFFFF, as on NVIDIA GPUs (NumPy on x86 propagates operands' NaNs and generates 0xFFC00000)."""
+    c, d_s, y_s, z = parts(d, zero_on_inf, generated_nan_sign)
+
+    def canon(v):
+        return np.where(np.isnan(v), np.array(0x7FFFFFFF, np.uint32).view(F32), v) if canonical_nan else v
+
     with np.errstate(over="ignore", invalid="ignore"):
-        x_s = x * c
-        q0 = x_s * y_s
-    r = fma32(-q0, d_s, x_s)
-    q = fma32(r, y_s, q0)
-    return q, q0, mask
+        x_s = canon(x * c)
+        q0 = canon(x_s * y_s)
+        sign_src = canon(x_s + z)
+    r = canon(fma32(-q0, d_s, x_s))
+    q = canon(fma32(r, y_s, q0))
+    return q, sign_src
 
 
 def _random_f32(rng, n, lo_exp, hi_exp, mant_bits=23):
@@ -128,13 +145,35 @@ def test_codes_equal_the_float64_path(seed, zero_on_inf):
     rng = np.random.default_rng(seed)
     x, d = _cases(rng, 250_000)
     want = old_path(x, d, zero_on_inf)
-    q, q0, mask = new_path(x, d, zero_on_inf)
+    q, sign_src = new_path(x, d, zero_on_inf)
     ones = np.full(d.shape, 1 << 31, np.int64)
     for elem in (E4M3, E2M1):
         w = encode(want, want, ones, **elem)
-        g = encode(q, q0, mask, **elem)
+        g = encode(q, sign_src, ones, **elem)
         bad = np.flatnonzero(w != g)
         assert bad.size == 0, [(float(x[i]), float(d[i]), float(want[i]), float(q[i])) for i in bad[:5]]
+
+
+def test_zero_divisor_signs_follow_the_float64_nan_under_gpu_nan_rules():
+    """A zero fp8 scale (amax below 448 * 2**-126) saturates every code; a zero element's code is the
+    float64 path's 0 * Inf NaN, whose sign (set on x86 and NVIDIA GPUs) the float32 product's canonical NaN
+    (0x7FFFFFFF on NVIDIA) does not carry. Under those GPU rules, the sign addend gives the float64 path's
+    codes, and q0's sign (the earlier rule) does not: the H100 mismatch this reproduces."""
+    x = np.array([0.0, -0.0, 2.0**-149, -(2.0**-149), 1e-40, -1e-40, 3e-39, -3e-39], F32)
+    d = np.zeros_like(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = (x.astype(np.float64) * (1.0 / d.astype(np.float64))).astype(F32)
+    want_sign = want.view(np.uint32) >> 31
+    assert list(want_sign[:2]) == [1, 1]  # zero elements: the generated NaN's sign (x86 here)
+    ones = np.full(d.shape, 1 << 31, np.int64)
+    w = encode(want, want, ones, **E4M3)
+    q, sign_src = new_path(x, d, False, generated_nan_sign=1, canonical_nan=True)
+    np.testing.assert_array_equal(encode(q, sign_src, ones, **E4M3), w)
+    c, _, y_s, _ = parts(d, False, 1)
+    with np.errstate(invalid="ignore"):
+        q0 = x * c * y_s
+    q0 = np.where(np.isnan(q0), np.array(0x7FFFFFFF, np.uint32).view(F32), q0)
+    assert (encode(q, q0, ones, **E4M3) != w).sum() == 2  # the q0 rule: both zero elements lose the sign
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -148,7 +187,7 @@ def test_quotient_is_correctly_rounded_where_codes_depend_on_it(seed):
     with np.errstate(over="ignore", under="ignore"):
         t64 = x.astype(np.float64) / d.astype(np.float64)
         want = t64.astype(F32)
-    q, _, _ = new_path(x, d, False)
+    q, _ = new_path(x, d, False)
     rel = (np.abs(t64) >= 2.0**-11) & (np.abs(t64) < 2.0**100)  # above, x * c may overflow: codes saturate
     assert rel.sum() > 400_000
     assert np.array_equal(q[rel].view(np.uint32), want[rel].view(np.uint32))

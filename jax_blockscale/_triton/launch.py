@@ -50,22 +50,25 @@ def _abstract_eval(*avals, out_shapes, **_):
     return [jax.core.ShapedArray(s.shape, s.dtype) for s in out_shapes]
 
 
-def scratch_call(kernel, *args: jax.Array, out_shape: jax.ShapeDtypeStruct, grid: Sequence[int],
+def scratch_call(kernel, *args: jax.Array, out_shape, grid: Sequence[int],
                  num_warps: int, num_stages: int, compute_capability: int, name: str,
-                 maxnreg: int = 0, **constexprs: Any) -> jax.Array:
-    """Launches `kernel(*args, out, **constexprs)` on `grid` with its global scratch provided.
+                 maxnreg: int = 0, **constexprs: Any):
+    """Launches `kernel(*args, *outs, **constexprs)` on `grid` with its global scratch provided.
 
-    Same conventions as `jt.call`: every argument is an array (pointer), the single output follows the
-    inputs, everything else is a constexpr. CUDA only. `maxnreg` > 0 caps registers per thread (PTX
-    `.maxnreg`), e.g. so that two programs fit on one SM.
+    Same conventions as `jt.call`: every argument is an array (pointer), the outputs follow the inputs,
+    everything else is a constexpr. `out_shape`: one ShapeDtypeStruct (returns one array) or a sequence of
+    them (returns a list). CUDA only. `maxnreg` > 0 caps registers per thread (PTX `.maxnreg`), e.g. so
+    that two programs fit on one SM.
     """
+    single = isinstance(out_shape, jax.ShapeDtypeStruct)
+    shapes = (out_shape,) if single else tuple(out_shape)
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    (out,) = scratch_call_p.bind(
-        *args, out_shapes=(jax.ShapeDtypeStruct(out_shape.shape, out_shape.dtype),), kernel=kernel, grid=grid,
-        num_warps=num_warps, num_stages=num_stages, compute_capability=compute_capability, name=name,
-        maxnreg=int(maxnreg), constexprs=tuple(sorted(constexprs.items())),
+    outs = scratch_call_p.bind(
+        *args, out_shapes=tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shapes), kernel=kernel,
+        grid=grid, num_warps=num_warps, num_stages=num_stages, compute_capability=compute_capability,
+        name=name, maxnreg=int(maxnreg), constexprs=tuple(sorted(constexprs.items())),
     )
-    return out
+    return outs[0] if single else list(outs)
 
 
 def _signature(kernel, avals) -> tuple:

@@ -218,9 +218,17 @@ def _mx_exponent(amax_bits, amax, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT
 #   path's. Smaller ones: q stays within a few ulps of a value below 2**-11 and encodes to zero too.
 # - Special d: c = 1, d_s = 0, y = 1 / d (Inf for d = 0, 0 for d = Inf, NaN for NaN), so q0 = x * y is the
 #   float64 path's product (Inf, 0, NaN) and q is NaN, 0 or NaN: saturating alike, or zero.
-# - Signs: the code's sign bit is q0's (the product's sign, exact even for zero, where fma's signed-zero
-#   rules would turn -0 into +0), masked off in nvfp4's zero-divisor blocks, which the spec zeroes as +0.
-# - NaN blocks (bad scale): all codes saturate, the sign is the product's, as in the float64 path.
+# - Signs: the code's sign source is x_s + z, z per block: -0.0 for a finite nonzero d (then it is x's
+#   sign, which is q0's as y > 0, exact even for zero x, where fma's signed-zero rules would turn -0 into
+#   +0), NaN (sign clear) for a NaN d (q0 is NaN: the float32 product's canonical NaN, the sign the float64
+#   path gives too) and for nvfp4's zero-divisor blocks, which the spec zeroes as +0. A zero d in fp8
+#   (a block whose amax is below 448 * 2**-126) saturates every code: nonzero x to +-Inf, x's sign, and zero
+#   x to the NaN of 0 * Inf, whose sign the float64 path takes from the hardware's generated float64 NaN
+#   (set on NVIDIA GPUs and x86: XLA:GPU's jnp quantizer writes 0xFE there on an H100), while a float32
+#   product's NaN has it clear on NVIDIA. So z = -2**-149 there (zero x gives a negative sum, nonzero x
+#   keeps its sign) where a float64 0 * Inf computed once per block has its sign set, else +0.0. One add
+#   per element, as the earlier `q0 & mask`. (The q0-sign rule missed that case; tests/
+#   test_gpu_quantize_fp8_gluon.py found 645168 differing codes in bf16 blocks with subnormal amax.)
 # tests/test_quantize_quotient.py checks this against the float64 path and exact rationals on ~10**6
 # (x, d) pairs per format (tiny and huge d, float32 midpoints, e4m3 / e2m1 ties, subnormal x); the
 # interpreter tests install an exact fma (Triton's interpreter rounds x * y + z twice).
@@ -228,30 +236,50 @@ def _mx_exponent(amax_bits, amax, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT
 
 @triton.jit
 def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
-    """Per-block (c, d_s, y, sign mask) of the float32 quotient for float32 divisors d (see above)."""
+    """Per-block (c, d_s, y, z) of the float32 quotient for float32 divisors d (see above); z: the sign
+    addend (`_sign_addend`)."""
     normal = (tl.abs(d) >= 2.0**-126) & (tl.abs(d) < float("inf"))
     e = ((d.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
     c = tl.where(normal, _exp2_bits(tl.maximum(-e, -126)), 1.0)
     d_s = tl.where(normal, d * c, 0.0)
     y = tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(normal, d_s, d))
-    mask = tl.full(d.shape, 0x80000000, tl.uint32)
     if ZERO_DIVISOR_ZEROES:
         y = tl.where(d == 0, 0.0, y)
-        mask = tl.where(d == 0, 0, mask)
-    return c, d_s, y, mask
+    return c, d_s, y, _sign_addend(d, ZERO_DIVISOR_ZEROES)
 
 
 @triton.jit
-def _quotient(x4, c, d_s, y, mask, TH: tl.constexpr, TW: tl.constexpr):
-    """(q, sign source) of RN32(x / d) for the `_blocked` view x4 from the per-block `_quotient_parts`: the
-    code's sign is q0's, masked off in nvfp4's zero-divisor blocks."""
-    x_s = x4 * _spread(c, TH, TW)
-    ys = _spread(y, TH, TW)
-    q0 = x_s * ys
-    r = tl.fma(-q0, _spread(d_s, TH, TW), x_s)
-    q = tl.fma(r, ys, q0)
-    sign_src = (q0.to(tl.uint32, bitcast=True) & _spread(mask, TH, TW)).to(tl.float32, bitcast=True)
-    return q, sign_src
+def _sign_addend(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
+    """Per block z such that x_s + z has the code's sign (see above). The zero-divisor fp8 case follows the
+    float64 path's 0 * Inf, computed as it is: (0 * d) * Inf for d = 0 (LLVM keeps x * 0 for an x that may
+    be non-finite, so nothing is folded)."""
+    # As float32 bit patterns, in uint32 tensors shaped like d: NaN 0x7FC00000, -0.0 0x80000000, +0.0 0,
+    # -2**-149 0x80000001 (a Python float below float32's normal range would make the constant, and every
+    # add, float64).
+    u = d.to(tl.uint32, bitcast=True) & 0
+    if ZERO_DIVISOR_ZEROES:
+        zero_fill = u | 0x7FC00000
+    else:
+        generated = ((d.to(tl.float64) * 0.0) * float("inf")).to(tl.float32)
+        zero_fill = tl.where(generated.to(tl.uint32, bitcast=True) >= 0x80000000, u | 0x80000001, u)
+    z = tl.where(d != d, u | 0x7FC00000, tl.where(d == 0, zero_fill, u | 0x80000000))
+    return z.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quotient_signed(x, c, d_s, y, z):
+    """(q, sign source) of RN32(x / d) from per-block parts already broadcast against x (see above)."""
+    x_s = x * c
+    q0 = x_s * y
+    r = tl.fma(-q0, d_s, x_s)
+    q = tl.fma(r, y, q0)
+    return q, x_s + z
+
+
+@triton.jit
+def _quotient(x4, c, d_s, y, z, TH: tl.constexpr, TW: tl.constexpr):
+    """`_quotient_signed` for the `_blocked` view x4 from the per-block `_quotient_parts`."""
+    return _quotient_signed(x4, _spread(c, TH, TW), _spread(d_s, TH, TW), _spread(y, TH, TW), _spread(z, TH, TW))
 
 
 @triton.jit
@@ -323,8 +351,8 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         denom = _rn32(scale_value.to(tl.float64) * ts64)
         scales = scale_code
         if DIV == "f32":
-            c, d_s, y, mask = _quotient_parts(denom.to(tl.float32), True)
-            scaled, sign_src = _quotient(x4, c, d_s, y, mask, TH, TW)
+            c, d_s, y, z = _quotient_parts(denom.to(tl.float32), True)
+            scaled, sign_src = _quotient(x4, c, d_s, y, z, TH, TW)
         else:
             recip = 1.0 / denom
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
@@ -340,8 +368,8 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
         scale64 = tl.where(bad, float("nan"), scale64)
         scales = scale64.to(tl.float32)
         if DIV == "f32":
-            c, d_s, y, mask = _quotient_parts(scales, False)
-            scaled, sign_src = _quotient(x4, c, d_s, y, mask, TH, TW)
+            c, d_s, y, z = _quotient_parts(scales, False)
+            scaled, sign_src = _quotient(x4, c, d_s, y, z, TH, TW)
         else:
             recip = 1.0 / scale64
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)

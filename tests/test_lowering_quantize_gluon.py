@@ -1,0 +1,108 @@
+"""The Gluon fp8 1x128 + transposed quantization kernel, dispatched and compiled on a CPU machine.
+
+`quantize_primitive.fused_kernel` picks `_triton/quantize_fp8_gluon.py` on sm_90+ for fp8 1 x 128 with a
+transposed 1 x 128 or 128 x 128 side, and the Triton kernel for every other pair and target. The compiled
+kernel is checked for what its design promises: no shared memory (each side reads x in its own layout, a
+column's amax stays within a warp), 16-byte stores of both sides' codes, the hardware fp8 conversion, and
+a register count that lets several programs share an SM. The bits are tested on the GPU
+(tests/test_gpu_quantize_fp8_gluon.py): Gluon kernels do not run in Triton's interpreter.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_blockscale as jb
+from jax_blockscale import get_format, primitive, quantize_primitive as qp
+from jax_blockscale._triton import quantize_fp8_gluon as qg
+from jax_blockscale._triton.compile import compile_kernel
+from jax_blockscale._triton.quantize_kernels import Side
+
+from _jax_triton import require_jax_triton
+
+jt = require_jax_triton()
+
+ROW = get_format("fp8_block", block=(1, 128))
+T1 = get_format("fp8_block", block=(1, 128))
+T128 = get_format("fp8_block", block=(128, 128))
+
+
+class _H100:
+    platform = "gpu"
+    compute_capability = "9.0"
+    device_kind = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: _H100())
+
+
+@pytest.mark.parametrize("row,col,cc,want", [
+    (ROW, T1, 90, "gluon"), (ROW, T128, 90, "gluon"), (ROW, T1, 100, "gluon"),
+    (ROW, T1, None, "triton"),                                   # gfx950: no compute capability
+    (ROW, None, 90, "triton"),                                   # no transposed side
+    (T128, T128, 90, "triton"),                                  # the weights' square tiles (reuse)
+    (get_format("mxfp8"), get_format("mxfp8"), 90, "triton"),
+    (ROW, get_format("fp8_block", block=(256, 256)), 90, "triton"),
+])
+def test_dispatch(row, col, cc, want):
+    assert qp.fused_kernel((256, 512), jnp.bfloat16, (row, "rceil"), (col, "rceil"), cc) == want
+
+
+def test_why_not_names_the_reason():
+    assert "sm_90" in qg.why_not((256, 256), jnp.bfloat16, Side(ROW), Side(T1), 80)
+    assert "dtype" in qg.why_not((256, 256), jnp.int8, Side(ROW), Side(T1), 90)
+    assert "64-bit" in qg.why_not((65536, 65536), jnp.bfloat16, Side(ROW), Side(T1), 90)
+    with pytest.raises(ValueError, match="Gluon quantization kernel does not apply"):
+        qp._launch(jnp.zeros((1, 128, 128), jnp.bfloat16), jnp.ones((2,)), row=(get_format("mxfp8"), "rceil"),
+                   col=(get_format("mxfp8"), "rceil"), compute_capability=90, kernel="gluon")
+
+
+@pytest.mark.parametrize("t_fmt", [T1, T128])
+def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper, t_fmt):
+    x = jnp.zeros((2, 256, 384), jnp.bfloat16)
+    lowered = jax.jit(lambda x: jb.quantize_with_transpose(x, ROW, t_fmt)).trace(x).lower(
+        lowering_platforms=("cuda",))
+    (ptx,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    assert "quantize_fp8_1x128_t_kernel" in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def _compiled(target, x_type="*bf16", col_tile=1, r=8192, c=8192):
+    cr, cc = qg.COLUMN_THREAD_TILE
+    return compile_kernel(qg.quantize_fp8_1x128_t_kernel, target=target,
+                          signature=dict(x_ptr=x_type, rv_ptr="*u8", rs_ptr="*fp32", cv_ptr="*u8", cs_ptr="*fp32"),
+                          constexprs=dict(R=r, C=c, CQ=-(-c // 128) * 128, RQ=-(-r // 128) * 128,
+                                          COL_TILE=col_tile, MBITS=3, CR=cr, CC=cc),
+                          num_warps=qg.NUM_WARPS, num_stages=1)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("col_tile", [1, 128])
+def test_compiled_kernel_has_no_shared_memory_and_wide_stores(target, col_tile):
+    ck = _compiled(target, col_tile=col_tile)
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.shared <= 16  # a few bytes for the 128 x 128 tile's amax, no staging of x
+    assert "st.shared" not in ptx or col_tile == 128
+    # Per program (128 x 128 codes of each side, 128 threads): row codes 8 x 16 bytes per thread, column
+    # codes 16 bytes per column (2 columns per thread per strip, 4 strips): 16 v4 stores of 32-bit words.
+    assert len(re.findall(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)) == 16
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def test_registers_allow_several_programs_per_sm():
+    """96 registers x 128 threads: five programs per H100 SM (the Triton kernel: 122 x 256, two)."""
+    from benchmarks import _sass
+
+    for col_tile in (1, 128):
+        regs = _sass.registers(_compiled("sm_90", col_tile=col_tile).asm["cubin"])
+        assert regs <= 104, (col_tile, regs)
+
+
+def test_quantizer_says_which_kernel():
+    assert "quantize_fp8_gluon" in jb.quantizer("fp8_block", target="sm_90", block=(1, 128))
+    assert "quantize_fp8_gluon" not in jb.quantizer("fp8_block", target="gfx950", block=(1, 128))
+    assert "quantize_fp8_gluon" not in jb.quantizer("mxfp8", target="sm_90")
