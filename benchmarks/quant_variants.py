@@ -7,6 +7,7 @@
     python -m benchmarks.quant_variants --cases mxfp8,mxfp8+T --default-plan --cvts int,hw --t-words 0,1
     python -m benchmarks.quant_variants --cases fp8_1x128+T,mxfp8+T --default-plan --strips 1,2,4 --warps 4,8
     python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --default-plan --gluon   # + Gluon
+    python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --gluon-variants --modes none
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
@@ -66,15 +67,20 @@ def _nbytes(shapes) -> int:
     return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes if s != (1,))
 
 
-GLUON = "gluon"  # the variant that runs quantize_fp8_gluon instead of a quantize_kernels plan
+# The Gluon kernel's variants: launch settings (`quantize_fp8_gluon.CONFIGS` keys) over its defaults, {} = the
+# defaults; --gluon-variants times all of these.
+GLUON_VARIANTS = [{}] + [dict(num_warps=w, column_thread_tile=ct, row_thread_columns=rc) for w, ct, rc in (
+    (4, (16, 2), 16), (8, (16, 2), 16), (8, (16, 2), 32), (8, (32, 1), 16), (8, (32, 1), 32), (4, (32, 1), 32),
+    (8, (16, 4), 32), (16, (16, 2), 16), (8, (8, 4), 16))]
 
 
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
-    if variant == GLUON:
-        run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90,
-                                kernel="gluon")
-        return jax.jit(lambda x, ts: run(x[None], ts)), qk.plan(1, *shape, qk.Side(row), qk.Side(col))
+    if isinstance(variant, dict):  # a Gluon variant
+        p = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
+        run = functools.partial(qg.launch, row=qk.Side(row), col=qk.Side(col), out_shapes=p.out_shapes,
+                                compute_capability=90, **variant)
+        return jax.jit(lambda x, ts: run(x[None])), p
     mode, tile, warps, div, cvt, words, strips = variant
     overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words, strips=strips)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
@@ -119,6 +125,8 @@ def main() -> None:
                     help="the plan's own tile and warps (unless --warps is given) and column mode: a quick run")
     ap.add_argument("--gluon", action="store_true",
                     help="also time the Gluon fp8 1x128 + transposed kernel where it applies (row mode 'gluon')")
+    ap.add_argument("--gluon-variants", action="store_true",
+                    help="time the Gluon kernel's launch variants (GLUON_VARIANTS) where it applies")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -156,14 +164,18 @@ def main() -> None:
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
         todo = variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words, strips)
-        if args.gluon and qp.fused_kernel(shape, jnp.bfloat16, (row, "rceil"), (col, "rceil"), 90) == "gluon":
-            todo = [GLUON] + todo
+        if ((args.gluon or args.gluon_variants)
+                and qp.fused_kernel(shape, jnp.bfloat16, (row, "rceil"), (col, "rceil"), 90) == "gluon"):
+            todo = (GLUON_VARIANTS if args.gluon_variants else GLUON_VARIANTS[:1]) + todo
         for variant in todo:
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            if variant == GLUON:
-                head = f"| {label} | gluon | 128x128 | {qg.NUM_WARPS} | f32 | hw | - | - |"
+            if isinstance(variant, dict):
+                cfg = {**qg.CONFIGS[col.tile[0]], **variant}
+                shape_ = "x".join(map(str, cfg["column_thread_tile"]))
+                head = (f"| {label} | gluon{'' if variant else ' (default)'} cols {shape_}, rows 1x"
+                        f"{cfg['row_thread_columns']} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
             else:
                 mode, tile, w, div, cvt, tw, st = variant
                 head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "

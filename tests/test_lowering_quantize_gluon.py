@@ -72,12 +72,13 @@ def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper, t_fmt):
 
 
 def _compiled(target, x_type="*bf16", col_tile=1, r=8192, c=8192):
-    cr, cc = qg.COLUMN_THREAD_TILE
+    cfg = qg.CONFIGS[col_tile]
+    cr, cc = cfg["column_thread_tile"]
     return compile_kernel(qg.quantize_fp8_1x128_t_kernel, target=target,
                           signature=dict(x_ptr=x_type, rv_ptr="*u8", rs_ptr="*fp32", cv_ptr="*u8", cs_ptr="*fp32"),
                           constexprs=dict(R=r, C=c, CQ=-(-c // 128) * 128, RQ=-(-r // 128) * 128,
-                                          COL_TILE=col_tile, MBITS=3, CR=cr, CC=cc),
-                          num_warps=qg.NUM_WARPS, num_stages=1)
+                                          COL_TILE=col_tile, MBITS=3, CR=cr, CC=cc, RC=cfg["row_thread_columns"]),
+                          num_warps=cfg["num_warps"], num_stages=1)
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_100"])
@@ -85,21 +86,31 @@ def _compiled(target, x_type="*bf16", col_tile=1, r=8192, c=8192):
 def test_compiled_kernel_has_no_shared_memory_and_wide_stores(target, col_tile):
     ck = _compiled(target, col_tile=col_tile)
     ptx = ck.asm["ptx"]
-    assert ck.metadata.shared <= 16  # a few bytes for the 128 x 128 tile's amax, no staging of x
+    # One word per warp for the 128 x 128 tile's amax (a cross-warp max), no staging of x.
+    assert ck.metadata.shared <= 4 * qg.CONFIGS[col_tile]["num_warps"]
     assert "st.shared" not in ptx or col_tile == 128
-    # Per program (128 x 128 codes of each side, 128 threads): row codes 8 x 16 bytes per thread, column
-    # codes 16 bytes per column (2 columns per thread per strip, 4 strips): 16 v4 stores of 32-bit words.
-    assert len(re.findall(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)) == 16
+    # Every code store is 16 bytes: a thread's row codes (RC per row strip) and a column's CR codes.
+    cfg = qg.CONFIGS[col_tile]
+    threads = 32 * cfg["num_warps"]
+    cr, cc = cfg["column_thread_tile"]
+    want = 2 * 128 * 128 // 16 // threads  # both sides' codes in 16-byte stores, per thread
+    assert len(re.findall(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)) == want
+    assert cr % 16 == 0 and cfg["row_thread_columns"] % 16 == 0
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
 def test_registers_allow_several_programs_per_sm():
-    """96 registers x 128 threads: five programs per H100 SM (the Triton kernel: 122 x 256, two)."""
+    """At most 128 registers x 256 threads: two programs per H100 SM (more for the 128 x 128 tile)."""
     from benchmarks import _sass
 
     for col_tile in (1, 128):
         regs = _sass.registers(_compiled("sm_90", col_tile=col_tile).asm["cubin"])
-        assert regs <= 104, (col_tile, regs)
+        assert regs * 32 * qg.CONFIGS[col_tile]["num_warps"] <= 65536 // 2, (col_tile, regs)
+
+
+def test_launch_rejects_unknown_settings():
+    with pytest.raises(ValueError, match="unknown launch settings"):
+        qg.launch(jnp.zeros((1, 128, 128), jnp.bfloat16), Side(ROW), Side(T1), [], 90, warps=8)
 
 
 def test_quantizer_says_which_kernel():

@@ -44,9 +44,6 @@ from . import launch as scratch
 from .quantize_kernels import _encode_hw, _quotient_signed, _rn32, _sign_addend, _widen
 
 TILE = 128  # rows and columns of a program's tile: one block of each side (1 x 128 and 128 x 1 or 128 x 128)
-NUM_WARPS = 4
-
-
 @gluon.constexpr_function
 def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
     """The column side's (128, columns) layout: a thread holds rows_per_thread consecutive rows of
@@ -98,15 +95,16 @@ def _codes(x, c, d_s, y, z, MBITS: gl.constexpr):
 @gluon.jit
 def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                        R: gl.constexpr, C: gl.constexpr, CQ: gl.constexpr, RQ: gl.constexpr,
-                       COL_TILE: gl.constexpr, MBITS: gl.constexpr, CR: gl.constexpr, CC: gl.constexpr):
+                       COL_TILE: gl.constexpr, MBITS: gl.constexpr, CR: gl.constexpr, CC: gl.constexpr,
+                                RC: gl.constexpr):
     """x (B, R, C) float -> row side: values (B, R, CQ) uint8 codes and scales (B, R, CQ / 128) float32
     (1 x 128 groups along C); column side: x^T's values (B, C, RQ) and scales, (B, C, RQ / 128) for
     COL_TILE 1 (128 x 1 blocks of x) or (B, cdiv(C, 128), RQ / 128) for COL_TILE 128 (128 x 128 tiles).
     CQ, RQ: C and R padded to 128 (the padding quantizes as zeros). Grid (cdiv(C, 128), cdiv(R, 128), B).
     Needs R * C < 2**31 (in-batch offsets are int32) and num_warps dividing 32."""
     W: gl.constexpr = gl.num_warps()
-    SR: gl.constexpr = 4 * W  # rows per row-side strip
-    ROWS: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [W, 1], [1, 0])
+    SR: gl.constexpr = (32 * RC // 128) * W  # rows per row-side strip
+    ROWS: gl.constexpr = gl.BlockedLayout([1, RC], [32 * RC // 128, 128 // RC], [W, 1], [1, 0])
     COLS: gl.constexpr = _column_layout(W, CR, CC, False)
     COLS_OUT: gl.constexpr = _column_layout(W, CR, CC, True)
     SC: gl.constexpr = CC * (32 // (128 // CR)) * W  # columns per column-side strip
@@ -168,11 +166,17 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
 
 _INT32_LIMIT = 2**31
 _INPUT_DTYPES = ("bfloat16", "float16", "float32")
-# Column-side register shape (rows, columns per thread): 16 x 2 holds 32 elements per thread, 96 registers
-# at 4 warps on sm_90 (16 x 4: 64 elements, 168 registers; 8 x 4: 22 SASS instructions per element
-# against 18, more lanes per column's reduction).
-COLUMN_THREAD_TILE = (16, 2)
-
+# Launch configuration per column-side tile (COL_TILE 1: 128 x 1 blocks, 128: 128 x 128): warps, the column
+# side's register shape (rows, columns per thread) and the row side's columns per thread. Measured on an
+# H100 (2026-11-23, bf16 8192^2, kernel time, benchmarks/quant_variants.py --gluon-variants; the rate is
+# ideal bytes against an `x * 2` pass): 1 x 128 + transposed 124.4 us (0.756x) with 8 warps, 32 x 1, 32
+# columns, against 144.6 us at 4 warps, 16 x 2, 16 columns and 141.8 at 8 warps; 1 x 128 + 128 x 128
+# transposed 118.0 us (0.791x) at 8 warps, 16 x 2, 16 columns, 125.2 with 32 row columns. 2 or 16 warps,
+# 64 row columns and 16 x 4 / 8 x 4 column shapes were slower for both (up to 2.4x).
+CONFIGS = {
+    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32),
+    128: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=16),
+}
 
 def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> str | None:
     """None when this kernel computes the (row, column) pair of `Side`s for x (..., R, C), else why not."""
@@ -196,15 +200,22 @@ def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> 
     return None
 
 
-def launch(x3, row, col, out_shapes, compute_capability: int) -> list:
+def launch(x3, row, col, out_shapes, compute_capability: int, **config) -> list:
     """Runs the kernel on x3 (B, R, C) for `why_not`-approved sides; out_shapes: the quantization plan's
-    four (shape, dtype) outputs (`quantize_kernels.plan`), which this kernel fills in the same layouts."""
+    four (shape, dtype) outputs (`quantize_kernels.plan`), which this kernel fills in the same layouts.
+    config: `CONFIGS` keys overriding the column tile's defaults (benchmarks/quant_variants.py)."""
     b, r, c = x3.shape
     rq, cq = -(-r // TILE) * TILE, -(-c // TILE) * TILE
-    cr, cc = COLUMN_THREAD_TILE
+    col_tile = col.fmt.tile[0]
+    unknown = set(config) - set(CONFIGS[col_tile])
+    if unknown:
+        raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {sorted(CONFIGS[col_tile])}")
+    cfg = {**CONFIGS[col_tile], **config}
+    cr, cc = cfg["column_thread_tile"]
     return scratch.scratch_call(
         quantize_fp8_1x128_t_kernel, x3,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
-        grid=(cq // TILE, rq // TILE, b), num_warps=NUM_WARPS, num_stages=1,
+        grid=(cq // TILE, rq // TILE, b), num_warps=cfg["num_warps"], num_stages=1,
         compute_capability=compute_capability, name="jbs_quantize_fp8_gluon",
-        R=r, C=c, CQ=cq, RQ=rq, COL_TILE=col.fmt.tile[0], MBITS=row.fmt.element.mbits, CR=cr, CC=cc)
+        R=r, C=c, CQ=cq, RQ=rq, COL_TILE=col_tile, MBITS=row.fmt.element.mbits, CR=cr, CC=cc,
+        RC=cfg["row_thread_columns"])
