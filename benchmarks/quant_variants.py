@@ -71,7 +71,9 @@ def _nbytes(shapes) -> int:
 # defaults; --gluon-variants times all of these.
 GLUON_VARIANTS = [{}] + [dict(num_warps=w, column_thread_tile=ct, row_thread_columns=rc) for w, ct, rc in (
     (4, (16, 2), 16), (8, (16, 2), 16), (8, (16, 2), 32), (8, (32, 1), 16), (8, (32, 1), 32), (4, (32, 1), 32),
-    (8, (16, 4), 32), (16, (16, 2), 16), (8, (8, 4), 16))]
+    (8, (16, 4), 32), (16, (16, 2), 16), (8, (8, 4), 16))] + [
+    dict(num_warps=8, column_thread_tile=ct, row_thread_columns=rc, maxnreg=m)
+    for ct, rc in (((32, 1), 32), ((16, 2), 16)) for m in (64, 80)]
 
 
 def _launcher(shape, row, col, variant):
@@ -174,8 +176,9 @@ def main() -> None:
             if isinstance(variant, dict):
                 cfg = {**qg.CONFIGS[col.tile[0]], **variant}
                 shape_ = "x".join(map(str, cfg["column_thread_tile"]))
+                cap = f", maxnreg {cfg['maxnreg']}" if cfg["maxnreg"] else ""
                 head = (f"| {label} | gluon{'' if variant else ' (default)'} cols {shape_}, rows 1x"
-                        f"{cfg['row_thread_columns']} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
+                        f"{cfg['row_thread_columns']}{cap} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
             else:
                 mode, tile, w, div, cvt, tw, st = variant
                 head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "

@@ -167,15 +167,16 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
 _INT32_LIMIT = 2**31
 _INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # Launch configuration per column-side tile (COL_TILE 1: 128 x 1 blocks, 128: 128 x 128): warps, the column
-# side's register shape (rows, columns per thread) and the row side's columns per thread. Measured on an
+# side's register shape (rows, columns per thread), the row side's columns per thread and a register cap
+# (maxnreg, 0: none). Measured on an
 # H100 (2026-11-23, bf16 8192^2, kernel time, benchmarks/quant_variants.py --gluon-variants; the rate is
 # ideal bytes against an `x * 2` pass): 1 x 128 + transposed 124.4 us (0.756x) with 8 warps, 32 x 1, 32
 # columns, against 144.6 us at 4 warps, 16 x 2, 16 columns and 141.8 at 8 warps; 1 x 128 + 128 x 128
 # transposed 118.0 us (0.791x) at 8 warps, 16 x 2, 16 columns, 125.2 with 32 row columns. 2 or 16 warps,
 # 64 row columns and 16 x 4 / 8 x 4 column shapes were slower for both (up to 2.4x).
 CONFIGS = {
-    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32),
-    128: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=16),
+    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=0),
+    128: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=16, maxnreg=0),
 }
 
 def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> str | None:
@@ -216,6 +217,6 @@ def launch(x3, row, col, out_shapes, compute_capability: int, **config) -> list:
         quantize_fp8_1x128_t_kernel, x3,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
         grid=(cq // TILE, rq // TILE, b), num_warps=cfg["num_warps"], num_stages=1,
-        compute_capability=compute_capability, name="jbs_quantize_fp8_gluon",
+        compute_capability=compute_capability, name="jbs_quantize_fp8_gluon", maxnreg=cfg["maxnreg"],
         R=r, C=c, CQ=cq, RQ=rq, COL_TILE=col_tile, MBITS=row.fmt.element.mbits, CR=cr, CC=cc,
         RC=cfg["row_thread_columns"])
