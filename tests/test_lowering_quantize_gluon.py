@@ -78,7 +78,8 @@ def _compiled(target, x_type="*bf16", col_tile=1, r=8192, c=8192):
                           signature=dict(x_ptr=x_type, rv_ptr="*u8", rs_ptr="*fp32", cv_ptr="*u8", cs_ptr="*fp32"),
                           constexprs=dict(R=r, C=c, CQ=-(-c // 128) * 128, RQ=-(-r // 128) * 128,
                                           COL_TILE=col_tile, MBITS=3, CR=cr, CC=cc, RC=cfg["row_thread_columns"]),
-                          num_warps=cfg["num_warps"], num_stages=1)
+                          num_warps=cfg["num_warps"], num_stages=1,
+                          **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}))
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_100"])
@@ -99,13 +100,18 @@ def test_compiled_kernel_has_no_shared_memory_and_wide_stores(target, col_tile):
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-def test_registers_allow_several_programs_per_sm():
-    """At most 128 registers x 256 threads: two programs per H100 SM (more for the 128 x 128 tile)."""
+def test_registers_allow_several_programs_per_sm_without_spills():
+    """At most 80 registers x 256 threads: three programs per H100 SM (96 uncapped: two). The cap spills at
+    most one value once (1 STL + 1 LDL for the 1 x 128 column side, none for 128 x 128): measured faster
+    (quantize_fp8_gluon.CONFIGS); a cap that spilled in the loop (64: 161 us against 118) would fail here."""
     from benchmarks import _sass
 
     for col_tile in (1, 128):
-        regs = _sass.registers(_compiled("sm_90", col_tile=col_tile).asm["cubin"])
-        assert regs * 32 * qg.CONFIGS[col_tile]["num_warps"] <= 65536 // 2, (col_tile, regs)
+        cubin = _compiled("sm_90", col_tile=col_tile).asm["cubin"]
+        regs = _sass.registers(cubin)
+        assert regs * 32 * qg.CONFIGS[col_tile]["num_warps"] <= 65536 // 3, (col_tile, regs)
+        sass = _sass.disassemble(cubin, "cuobjdump")
+        assert len(re.findall(r"\b(?:STL|LDL)\b", sass)) <= 2, col_tile
 
 
 def test_launch_rejects_unknown_settings():

@@ -168,16 +168,18 @@ _INT32_LIMIT = 2**31
 _INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # Launch configuration per column-side tile (COL_TILE 1: 128 x 1 blocks, 128: 128 x 128): warps, the column
 # side's register shape (rows, columns per thread), the row side's columns per thread and a register cap
-# (maxnreg, 0: none). Measured on an
-# H100 (2026-11-23, bf16 8192^2, kernel time, benchmarks/quant_variants.py --gluon-variants; the rate is
-# ideal bytes against an `x * 2` pass): 1 x 128 + transposed 124.4 us (0.756x) with 8 warps, 32 x 1, 32
-# columns, against 144.6 us at 4 warps, 16 x 2, 16 columns and 141.8 at 8 warps; 1 x 128 + 128 x 128
-# transposed 118.0 us (0.791x) at 8 warps, 16 x 2, 16 columns, 125.2 with 32 row columns. 2 or 16 warps,
-# 64 row columns and 16 x 4 / 8 x 4 column shapes were slower for both (up to 2.4x).
+# (maxnreg, 0: none). Measured on an H100 (2026-11-23, bf16 8192^2, kernel time, `benchmarks/quant_variants.py
+# --gluon-variants`; the rate is ideal bytes against an `x * 2` pass; benchmarks/results/
+# quant_variants_h100_2026-11-23_session11_*.md): 8 warps, 32 x 1, 32 columns, capped at 80 registers (96
+# uncapped: 2 programs per SM, 3 with the cap), 1 x 128 + transposed 118.0 us (0.796x) and 1 x 128 + 128 x 128
+# transposed 114.0 us (0.818x), against 124.1 / 125.6 us uncapped, 161.0 / 135.2 us capped at 64 (spills) and
+# 141.2 / 117.5 us for 16 x 2, 16 columns uncapped. 2, 4 or 16 warps, 64 row columns and 16 x 4 / 8 x 4 column
+# shapes were slower for both (up to 2.4x).
 CONFIGS = {
-    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=0),
-    128: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=16, maxnreg=0),
+    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=80),
+    128: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=80),
 }
+
 
 def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> str | None:
     """None when this kernel computes the (row, column) pair of `Side`s for x (..., R, C), else why not."""
