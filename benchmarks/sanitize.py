@@ -7,8 +7,8 @@
 Families: block FP8 (pointer, split-K, swapped decode order, TMA), the persistent block FP8 kernel
 (dispatch's pick and a batched problem looping over tiles), the warp-specialized Gluon block FP8 kernel
 (the same two), the upcast kernel (pointer, split-K, swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
-the kernel, the streaming GEMV), the opt-in Hopper MX GEMM, the quantization kernel (row-wise and with the transposed side, MX, nvfp4, block
-FP8 1x128 and 128x128) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
+the kernel, the streaming GEMV), the opt-in Hopper MX GEMM, the quantization kernels (row-wise and with the transposed side, MX, nvfp4, block
+FP8 1x128 and 128x128, and 1x128 with 128x128 transposed tiles; the Gluon kernel for fp8 1x128 pairs) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
 none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
 dims. Each result is also compared with the jnp reference (a stray read that changes numbers fails
 here), bits for quantization. One launch per family and variant (about 30 kernels); `--small` also cuts K
@@ -145,6 +145,18 @@ def run_quantize(small: bool) -> list[str]:
             print(f"{'ok  ' if same else 'FAIL'} quantize  {label:<22} {name} {block or ''} {shape}: bit-identical {same}")
             if not same:
                 failures.append(f"quantize/{name}/{label}")
+    # fp8_deepseek's activations: 1 x 128 rows with x^T in 128 x 128 tiles (the Gluon kernel on sm_90+, as
+    # is fp8_block (1, 128) with its transposed side above).
+    rows, tiles = jb.get_format("fp8_block", block=(1, 128)), jb.get_format("fp8_block", block=(128, 128))
+    row, col = jax.block_until_ready(jax.jit(lambda v: jb.quantize_with_transpose(v, rows, tiles))(x))
+    ref_row = jax.jit(lambda v: quantize_jnp(v, rows, axis=-1, rounding="rceil"))(x)
+    ref_col = jax.jit(lambda v: quantize_jnp(v.T, tiles, axis=-1, rounding="rceil"))(x)
+    for label, got, ref in (("row", row, ref_row), ("transposed 128x128", col, ref_col)):
+        same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8), np.asarray(getattr(ref, f)).view(np.uint8))
+                   for f in ("values", "scales"))
+        print(f"{'ok  ' if same else 'FAIL'} quantize  1x128 + 128x128T {label:<18} {shape}: bit-identical {same}")
+        if not same:
+            failures.append(f"quantize/fp8_1x128+128T/{label}")
     return failures
 
 
