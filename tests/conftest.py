@@ -1,5 +1,5 @@
 """Eight host CPU devices for the whole test session, so tests/test_sharding.py can build meshes on a
-CPU-only machine.
+CPU-only machine; the `hopper` fixture for lowering tests (target detection sees an H100).
 
 XLA reads XLA_FLAGS when JAX first initializes its CPU backend; pytest imports this file before any test
 module, so the flag is in place even when another test module imports jax first. Tests that do not ask for
@@ -7,6 +7,8 @@ a sharding still run on one device (jax's default placement), so this changes no
 """
 
 import os
+
+import pytest
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 
@@ -34,3 +36,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "exhaustive" in item.keywords:
             item.add_marker(skip)
+
+
+class FakeH100:
+    """What target detection reads from a device, as an H100 reports it (for lowering on a CPU machine)."""
+
+    platform = "gpu"
+    compute_capability = "9.0"
+    device_kind = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """Target detection sees an H100 (this machine has none); everything after it is the real lowering."""
+    from jax_blockscale import primitive
+
+    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: FakeH100())

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_blockscale as jb
-from jax_blockscale import get_format, primitive, quantize_primitive as qp
+from jax_blockscale import get_format, quantize_primitive as qp
 from jax_blockscale._triton import quantize_fp8_gluon as qg
 from jax_blockscale._triton.compile import compile_kernel
 from jax_blockscale._triton.quantize_kernels import Side
@@ -27,17 +27,6 @@ jt = require_jax_triton()
 ROW = get_format("fp8_block", block=(1, 128))
 T1 = get_format("fp8_block", block=(1, 128))
 T128 = get_format("fp8_block", block=(128, 128))
-
-
-class _H100:
-    platform = "gpu"
-    compute_capability = "9.0"
-    device_kind = "NVIDIA H100 80GB HBM3"
-
-
-@pytest.fixture
-def hopper(monkeypatch):
-    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: _H100())
 
 
 @pytest.mark.parametrize("row,col,cc,want", [
