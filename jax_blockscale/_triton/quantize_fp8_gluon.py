@@ -1,8 +1,8 @@
-"""fp8 1x128 quantization with its transposed copy in one pass, in Gluon (NVIDIA sm_89+): what the
+"""fp8 1x128 quantization with its transposed copy in one pass, in Gluon (NVIDIA sm_90+): what the
 fp8_deepseek recipe asks of every activation and gradient in a training step.
 
 The recipe quantizes x (tokens M, features K) along K in (1, 128) groups for fprop and, for wgrad, along M:
-dy in (1, 128) groups of dy^T (128 x 1 blocks of dy) and x in (128, 128) tiles of x^T. Both columns sides
+dy in (1, 128) groups of dy^T (128 x 1 blocks of dy) and x in (128, 128) tiles of x^T. Both column sides
 need a whole 128 x 128 tile of x per program (its rows' 128-wide groups and its columns' 128-tall ones).
 `quantize_kernels.quantize_kernel` computes these bit-identically, but Triton picks one register layout for
 the tile, coalesced along x's rows, so a column's 128 elements sit one per thread in 32 threads of 8 warps:
@@ -10,27 +10,27 @@ each column's amax is a cross-warp reduction through shared memory, and every th
 scale, reciprocal and Markstein terms for its single element (Nsight Compute on an H100, bf16 8192^2: 122
 registers, 25% occupancy, 1.3 eligible warps per scheduler, 175.8 us = 0.54x an `x * 2` pass).
 
-Gluon lets each side read the tile in its own layout:
+Gluon lets each side read the tile in its own layout (`CONFIGS` holds the measured sizes):
 
-    rows    BlockedLayout([1, 16], [4, 8], [W, 1], [1, 0])   a thread holds 16 consecutive columns of a row
-                                                             (two 16-byte loads of bf16, one 16-byte store of
-                                                             codes); a row's 128 columns are 8 lanes of one
-                                                             warp: 3 shuffles per amax; 4W-row strips.
-    columns BlockedLayout([16, 4], [8, 4], [1, W], [0, 1])   a thread holds 16 consecutive rows of 4 columns;
-                                                             a column's 128 rows are 8 lanes of one warp
-                                                             (3 shuffles, no shared memory), and its 16
-                                                             codes are 16 consecutive bytes of x^T's row:
-                                                             one 16-byte store, no byte transpose.
+    rows     BlockedLayout([1, RC], ...)   a thread holds RC (16 or 32) consecutive columns of a row: 16-byte
+                                           loads of bf16 and 16-byte stores of codes; a row's 128 columns are
+                                           128 / RC lanes of one warp (2-3 shuffles per amax); strips of rows.
+    columns  _column_layout(...)           a thread holds CR consecutive rows of CC columns; a column's 128
+                                           rows are lanes of one warp (no shared memory), and a thread's CR
+                                           codes of a column are consecutive bytes of x^T's row: 16-byte
+                                           stores, no byte transpose. Two register orders of the same
+                                           ownership: columns first for the loads, rows first for the stores.
 
 The column side reads the tile a second time (an L1/L2 hit: DRAM still sees one read of x). Each per-block
-value (scale, reciprocal) is computed by the 8 lanes that hold the block, for 16 elements each, where the
-Triton kernel's column side computed it once per element.
+value (scale, reciprocal) is computed by the few lanes that hold the block, for 16-32 elements each, where
+the Triton kernel's column side computed it once per element.
 
 The arithmetic is quantize_kernels' (the jnp quantizer's, quantize._quantize_block_fp8): scale RN32(amax *
 float64(1/448)) (1 for an all-zero block, NaN for one holding NaN/Inf), elements RN32(x / scale) in float32
-by the Markstein step (`quantize_kernels._quotient_parts`), codes by the sm_89+ conversion plus fix-up
-(`_encode_hw`). Bits are the jnp quantizer's: tests/test_gpu_quantize.py compares them on the GPU, and
-tests/test_lowering_quantize_gluon.py checks the instructions on the CPU.
+by the Markstein step (`quantize_kernels._quotient_parts`, `_quotient_signed`), codes by the sm_89+
+conversion plus fix-up (`_encode_hw`). Bits are the jnp quantizer's: tests/test_gpu_quantize_fp8_gluon.py
+compares them on the GPU (with the Triton kernel's too), tests/test_lowering_quantize_gluon.py checks the
+dispatch and the instructions on the CPU (Gluon kernels do not run in Triton's interpreter).
 """
 
 from __future__ import annotations
