@@ -304,9 +304,9 @@ def quantizer(fmt: FormatLike, target: Optional[str] = None, *, block: Optional[
     fmt = get_format(fmt, block=block)
     how = ("one-pass kernel (_triton/quantize_kernels.py, bit-identical to the jnp quantizer); the jnp "
            "quantizer in programs partitioned over several devices")
-    cc = int(target[3:]) if target.startswith("sm_") else None
     side = (fmt, "rceil")
-    if quantize_primitive.fused_kernel((128, 128), "bfloat16", side, side, cc) == "gluon":
+    if quantize_primitive.fused_kernel((128, 128), "bfloat16", side, side,
+                                       primitive._compute_capability(target)) == "gluon":
         how += ("; with its transposed 1x128 or 128x128 side (quantize_with_transpose, the fp8_deepseek "
                 "recipe): the Gluon kernel _triton/quantize_fp8_gluon.py")
     return how

@@ -123,14 +123,17 @@ def _gpu_lowering(ctx, x, ts, *, row, col):
 KERNELS = ("gluon", "triton")
 
 
+def _gluon_why_not(x_shape, x_dtype, row, col, compute_capability) -> Optional[str]:
+    from ._triton import quantize_fp8_gluon
+
+    return quantize_fp8_gluon.why_not(x_shape, x_dtype, *_sides(row, col), compute_capability)
+
+
 def fused_kernel(x_shape, x_dtype, row, col, compute_capability) -> str:
     """Which kernel quantizes this (row, column) pair on the GPU: "gluon" (`_triton/quantize_fp8_gluon.py`:
     fp8 1 x 128 with its transposed 1 x 128 or 128 x 128 side on sm_90+, the fp8_deepseek recipe's
     activations and gradients) where it applies, else "triton" (`quantize_kernels.quantize_kernel`)."""
-    from ._triton import quantize_fp8_gluon
-
-    sides = _sides(row, col)
-    return "gluon" if quantize_fp8_gluon.why_not(x_shape, x_dtype, *sides, compute_capability) is None else "triton"
+    return "gluon" if _gluon_why_not(x_shape, x_dtype, row, col, compute_capability) is None else "triton"
 
 
 def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
@@ -141,16 +144,17 @@ def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
 
     if kernel is None:
         kernel = "triton" if overrides else fused_kernel(x.shape, x.dtype, row, col, compute_capability)
-    if kernel not in KERNELS:
+    elif kernel == "gluon":
+        why = _gluon_why_not(x.shape, x.dtype, row, col, compute_capability)
+        if why:
+            raise ValueError(f"the Gluon quantization kernel does not apply: {why}")
+    elif kernel != "triton":
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
     overrides.setdefault("cvt", default_cvt(compute_capability))
     p = _plan(x.shape, row, col, **overrides)
     x3 = x.reshape((-1,) + x.shape[-2:])
     if kernel == "gluon":
-        why = quantize_fp8_gluon.why_not(x.shape, x.dtype, *_sides(row, col), compute_capability)
-        if why:
-            raise ValueError(f"the Gluon quantization kernel does not apply: {why}")
         return quantize_fp8_gluon.launch(x3, *_sides(row, col), p.out_shapes, compute_capability)
     outs = jt.call(
         quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),

@@ -21,4 +21,3 @@ def lowered_for_cuda(fn, *args):
 
     require_jax_triton()
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-

@@ -41,7 +41,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from . import launch as scratch
-from .quantize_kernels import _encode_hw, _quotient_signed, _rn32, _sign_addend, _widen
+from .quantize_kernels import _encode_hw, _fp8_block_scale, _quotient_parts, _quotient_signed
 
 TILE = 128  # rows and columns of a program's tile: one block of each side (1 x 128 and 128 x 1 or 128 x 128)
 @gluon.constexpr_function
@@ -65,24 +65,8 @@ def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
 
 @gluon.jit
 def _fp8_scale(amax_bits):
-    """Per-block float32 scale from the block's amax bits (sign cleared): RN32(amax / 448) as
-    quantize_kernels._quantize_blocks forms it (float64 product with 1/448, quantize.py's lemma)."""
-    amax = amax_bits.to(gl.float32, bitcast=True)
-    scale64 = gl.where(amax == 0, 1.0, _rn32(_widen(amax) * (1.0 / 448.0)))
-    scale64 = gl.where(amax_bits >= 0x7F800000, float("nan"), scale64)
-    return scale64.to(gl.float32)
-
-
-@gluon.jit
-def _recip_parts(d):
-    """`quantize_kernels._quotient_parts(d, False)` for per-block float32 divisors d: (c, d_s, y, z),
-    written out because Gluon's `full` needs a layout (the same operations otherwise)."""
-    normal = (gl.abs(d) >= 2.0**-126) & (gl.abs(d) < float("inf"))
-    e = ((d.to(gl.uint32, bitcast=True) >> 23) & 0xFF).to(gl.int32) - 127
-    c = gl.where(normal, ((gl.maximum(-e, -126) + 127).to(gl.uint32) << 23).to(gl.float32, bitcast=True), 1.0)
-    d_s = gl.where(normal, d * c, 0.0)
-    y = gl.div_rn(gl.full_like(d, 1.0), gl.where(normal, d_s, d))
-    return c, d_s, y, _sign_addend(d, False)
+    """Per-block float32 scale from the block's amax bits (sign cleared), as quantize_kernels forms it."""
+    return _fp8_block_scale(amax_bits.to(gl.float32, bitcast=True), amax_bits >= 0x7F800000).to(gl.float32)
 
 
 @gluon.jit
@@ -94,8 +78,8 @@ def _codes(x, c, d_s, y, z, MBITS: gl.constexpr):
 
 @gluon.jit
 def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
-                       R: gl.constexpr, C: gl.constexpr, CQ: gl.constexpr, RQ: gl.constexpr,
-                       COL_TILE: gl.constexpr, MBITS: gl.constexpr, CR: gl.constexpr, CC: gl.constexpr,
+                                R: gl.constexpr, C: gl.constexpr, CQ: gl.constexpr, RQ: gl.constexpr,
+                                COL_TILE: gl.constexpr, MBITS: gl.constexpr, CR: gl.constexpr, CC: gl.constexpr,
                                 RC: gl.constexpr):
     """x (B, R, C) float -> row side: values (B, R, CQ) uint8 codes and scales (B, R, CQ / 128) float32
     (1 x 128 groups along C); column side: x^T's values (B, C, RQ) and scales, (B, C, RQ / 128) for
@@ -125,7 +109,7 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
         amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
         tile_amax = gl.maximum(tile_amax, amax_bits)
         scale = _fp8_scale(amax_bits)
-        c, d_s, y, z = _recip_parts(scale)
+        c, d_s, y, z = _quotient_parts(scale, False)
         codes = _codes(x, c[:, None], d_s[:, None], y[:, None], z[:, None], MBITS)
         gl.store(rv_ptr + batch * (R * CQ) + rows[:, None] * CQ + cols[None, :], codes,
                  mask=(rows[:, None] < R) & (cols[None, :] < CQ))
@@ -134,13 +118,13 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
     # Column side: x^T along R, 128 x 1 blocks (COL_TILE 1) or the whole tile (COL_TILE 128).
     rows_c = r0 + gl.arange(0, 128, layout=gl.SliceLayout(1, COLS))
     if COL_TILE == 128:
-        # One scale for the tile: stored as a scalar, used as a per-column vector (Gluon's reciprocal
-        # helper needs tensors with a layout).
+        # One scale for the tile: stored as a scalar, used as a per-column vector (the quotient helper
+        # needs tensors with a layout).
         t_bits = gl.max(tile_amax, axis=0)
         gl.store(cs_ptr + batch * (((C + 127) // 128) * (RQ // 128)) + pid_c * (RQ // 128) + pid_r,
                  _fp8_scale(t_bits))
-        tc, td_s, ty, tz = _recip_parts(_fp8_scale(gl.zeros([SC], gl.uint32, layout=gl.SliceLayout(0, COLS))
-                                                   + t_bits))
+        tc, td_s, ty, tz = _quotient_parts(_fp8_scale(gl.zeros([SC], gl.uint32, layout=gl.SliceLayout(0, COLS))
+                                                      + t_bits), False)
         tc, td_s, ty, tz = tc[None, :], td_s[None, :], ty[None, :], tz[None, :]
     for s in gl.static_range(128 // SC):
         cols_c = c0 + s * SC + gl.arange(0, SC, layout=gl.SliceLayout(0, COLS))
@@ -151,7 +135,7 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
         else:
             amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=0)
             scale = _fp8_scale(amax_bits)
-            c, d_s, y, z = _recip_parts(scale)
+            c, d_s, y, z = _quotient_parts(scale, False)
             codes = _codes(x, c[None, :], d_s[None, :], y[None, :], z[None, :], MBITS)
             gl.store(cs_ptr + batch * (C * (RQ // 128)) + cols_c * (RQ // 128) + pid_r, scale, mask=cols_c < C)
         codes = gl.convert_layout(codes, COLS_OUT)

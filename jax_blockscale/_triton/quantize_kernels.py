@@ -235,6 +235,17 @@ def _mx_exponent(amax_bits, amax, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT
 
 
 @triton.jit
+def _fp8_block_scale(amax, bad):
+    """quantize._quantize_block_fp8's per-block scale, float64: RN32(amax / 448), 1 for an all-zero block,
+    NaN for a block with NaN/Inf (`bad`). Formed as a product with float64's 1 / 448: the same float32 by
+    quantize.py's lemma (within 2**-52 of the quotient), without a float64 division per block (~10 DFMA and
+    a slow path, on a per-block value that many threads hold: 6.8 of 52.6 instructions per element for fp8
+    1x128 + transposed on sm_90)."""
+    scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) * (1.0 / 448.0)))
+    return tl.where(bad, float("nan"), scale64)
+
+
+@triton.jit
 def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
     """Per-block (c, d_s, y, z) of the float32 quotient for float32 divisors d (see above); z: the sign
     addend (`_sign_addend`)."""
@@ -242,7 +253,10 @@ def _quotient_parts(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
     e = ((d.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
     c = tl.where(normal, _exp2_bits(tl.maximum(-e, -126)), 1.0)
     d_s = tl.where(normal, d * c, 0.0)
-    y = tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), tl.where(normal, d_s, d))
+    # 1.0 built from d's bits, not tl.full: a tensor shaped (and, in Gluon, laid out) like d, so the Gluon
+    # kernel (quantize_fp8_gluon) calls this too; LLVM folds it to the constant.
+    one = ((d.to(tl.uint32, bitcast=True) & 0) | 0x3F800000).to(tl.float32, bitcast=True)
+    y = tl.math.div_rn(one, tl.where(normal, d_s, d))
     if ZERO_DIVISOR_ZEROES:
         y = tl.where(d == 0, 0.0, y)
     return c, d_s, y, _sign_addend(d, ZERO_DIVISOR_ZEROES)
@@ -359,13 +373,8 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
             scaled = tl.where(_spread(tl.abs(recip) == float("inf"), TH, TW), 0.0, scaled)
             sign_src = scaled
     elif KIND == "fp8":
-        # quantize._quantize_block_fp8: scale RN32(amax / 448) (1 for an all-zero tile, NaN for a tile
-        # with NaN/Inf), elements RN32(x * (1 / scale)) in float64. The scale as a product with float64's
-        # 1 / 448: the same float32 by quantize.py's lemma (within 2**-52 of the quotient), without a
-        # float64 division per block (~10 DFMA and a slow path, on a per-block value that many threads
-        # hold: 6.8 of 52.6 instructions per element for fp8 1x128 + transposed on sm_90).
-        scale64 = tl.where(amax == 0, 1.0, _rn32(_widen(amax) * (1.0 / 448.0)))
-        scale64 = tl.where(bad, float("nan"), scale64)
+        # quantize._quantize_block_fp8: elements RN32(x * (1 / scale)) in float64 (`_fp8_block_scale`).
+        scale64 = _fp8_block_scale(amax, bad)
         scales = scale64.to(tl.float32)
         if DIV == "f32":
             c, d_s, y, z = _quotient_parts(scales, False)
