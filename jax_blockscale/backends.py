@@ -65,6 +65,9 @@ _DECODE_PAIRS = frozenset(
 )
 DECODE_MAX_ROWS = 64
 _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4, "e4m3", "e5m2"))
+# The Gluon decode kernel for fp4 weights on Hopper (_triton/decode_wgmma.py).
+_DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
+_DECODE_WGMMA_MEASURED = "to be measured"
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
@@ -101,6 +104,11 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block
         # FP8 (13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are
         # not measured yet.
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast",
+                    "decode (<= 16 rows, one fp4 weight): Gluon, the weight loaded in wgmma's A-operand register "
+                    "layout (K relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in "
+                    "the same kernel; " + _DECODE_WGMMA_MEASURED,
+                    max_rows=16, min_rows=2, named_configs_only=True),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import jax_blockscale as jb
+from jax_blockscale import backends
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
 
 from _dispatch import enable_entry
@@ -42,6 +43,13 @@ KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp6_e2m3": "e2m3", "mxfp6_e3m2": 
          "mxfp8_e5m2": "e5m2", "fp8_block": "block_fp8"}
 FP4 = ("mxfp4", "nvfp4")
 N, K = 1000, 1000  # no whole number of weight tiles; K pads to 1024 (1000 is no multiple of 128 or 32)
+
+
+def _dispatched(fa, fb, rows):
+    """The decode kernel dispatch picks on sm_90: bf16 x fp4 weights at 2-16 rows take the Gluon kernel
+    (tests/test_gpu_decode_wgmma.py), everything else decode.py."""
+    hopper = backends.detect_target() == "sm_90"
+    return "decode_wgmma" if hopper and fa == "bf16" and fb in FP4 and 2 <= rows <= 16 else "decode"
 
 
 def _x(rng, *shape):
@@ -80,7 +88,7 @@ def _check(a, b, out_dtype=jnp.bfloat16, config=None):
 def test_every_format_as_dispatched(fa, fb, m):
     """The default configuration, float32 output (strict) and bf16 output (as served)."""
     a, b = _operands(fa, fb, m, N, K, seed=m)
-    assert jb.explain(a, b).kernel == "decode"
+    assert jb.explain(a, b).kernel == _dispatched(fa, fb, m)
     _check(a, b, jnp.float32)
     _check(a, b, jnp.bfloat16)
 
@@ -154,5 +162,5 @@ def test_nvfp4_tensor_scales_and_batch_folding():
     a = jb.quantize_operand(x, "nvfp4", side="a")  # 6 rows in a batch of 2, tensor scale != 1
     b = jb.quantize_operand(_x(rng, 300, 512) * 0.01, "nvfp4", side="b")
     for lhs in (a, x.astype(jnp.bfloat16)):
-        assert jb.explain(lhs, b).kernel == "decode"
+        assert jb.explain(lhs, b).kernel == _dispatched("nvfp4" if lhs is a else "bf16", "nvfp4", 6)
         _check(lhs, b, jnp.float32)

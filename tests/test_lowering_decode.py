@@ -89,7 +89,8 @@ def test_explain_shows_the_decode_path():
     assert jb.explain("bf16", "mxfp4", target="sm_90").kernel == "upcast"  # hopper_mx is opt-in
     w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "nvfp4", side="b"))
     x = jax.ShapeDtypeStruct((2, 8, 512), jnp.bfloat16)  # 16 rows of an unbatched weight
-    assert jb.explain(x, w, target="sm_90").kernel == "decode"
+    assert jb.explain(x, w, target="sm_90").kernel == "decode_wgmma"  # bf16 x fp4 at 2-16 rows on Hopper
+    assert jb.explain(x, w, target="sm_100").kernel == "decode"
     assert "decode" in jb.explain_all("sm_90")
 
 
@@ -316,7 +317,9 @@ def test_matmul_lowers_to_one_kernel(fa, fb, m):
     from jax_blockscale._triton import jt
 
     kernels = jt.lowered_kernels(lowered)
-    assert len(kernels) == 1 and (b"gemv_kernel" if m <= 4 else b"decode_kernel") in kernels[0]
+    gluon = fa == "bf16" and fb in ("mxfp4", "nvfp4") and 2 <= m <= 16  # decode_wgmma on sm_90
+    name = b"decode_fp4_wgmma_kernel" if gluon else b"gemv_kernel" if m <= 4 else b"decode_kernel"
+    assert len(kernels) == 1 and name in kernels[0]
     assert text.count("stablehlo.custom_call") == 1
     ops = set(_OPS.findall(re.sub(r"backend_config = \"[^\"]*\"", "", text)))
     # broadcast_in_dim of a constant is folded; any other op would be an XLA kernel around ours

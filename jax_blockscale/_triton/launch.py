@@ -52,13 +52,15 @@ def _abstract_eval(*avals, out_shapes, **_):
 
 def scratch_call(kernel, *args: jax.Array, out_shape, grid: Sequence[int],
                  num_warps: int, num_stages: int, compute_capability: int, name: str,
-                 maxnreg: int = 0, **constexprs: Any):
+                 maxnreg: int = 0, zeroed_outputs: Sequence[int] = (), **constexprs: Any):
     """Launches `kernel(*args, *outs, **constexprs)` on `grid` with its global scratch provided.
 
     Same conventions as `jt.call`: every argument is an array (pointer), the outputs follow the inputs,
     everything else is a constexpr. `out_shape`: one ShapeDtypeStruct (returns one array) or a sequence of
     them (returns a list). CUDA only. `maxnreg` > 0 caps registers per thread (PTX `.maxnreg`), e.g. so
-    that two programs fit on one SM.
+    that two programs fit on one SM. `zeroed_outputs`: indices of outputs that start as zeros (split-K
+    counters, atomic accumulators): jaxlib's Triton call memsets them before the launch, as jax-triton's
+    `zeroed_outputs` does.
     """
     single = isinstance(out_shape, jax.ShapeDtypeStruct)
     shapes = (out_shape,) if single else tuple(out_shape)
@@ -66,7 +68,8 @@ def scratch_call(kernel, *args: jax.Array, out_shape, grid: Sequence[int],
     outs = scratch_call_p.bind(
         *args, out_shapes=tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in shapes), kernel=kernel,
         grid=grid, num_warps=num_warps, num_stages=num_stages, compute_capability=compute_capability,
-        name=name, maxnreg=int(maxnreg), constexprs=tuple(sorted(constexprs.items())),
+        name=name, maxnreg=int(maxnreg), zeroed_outputs=tuple(int(i) for i in zeroed_outputs),
+        constexprs=tuple(sorted(constexprs.items())),
     )
     return outs[0] if single else list(outs)
 
@@ -109,9 +112,11 @@ def _gpu_triton():
 
 
 def _emit(ctx, args, compiled, *, binary: str, compute_capability: int, num_warps: int,
-          grid: tuple[int, int, int], name: str, scratch_shapes: Sequence[jax.core.ShapedArray]):
+          grid: tuple[int, int, int], name: str, scratch_shapes: Sequence[jax.core.ShapedArray],
+          zeroed_outputs: Sequence[int] = ()):
     """The custom call launching `compiled` (loaded from `binary`) on `grid`: every operand and result is a
-    16-byte-aligned pointer; `scratch_shapes` become extra results the caller never sees."""
+    16-byte-aligned pointer; `scratch_shapes` become extra results the caller never sees; the results
+    `zeroed_outputs` are zero-filled before the launch."""
     gpu_triton = _gpu_triton()
     # A warp-specialized kernel runs more warps than it was asked for (Triton 3.6 adds the producer and
     # consumer partitions and records the total in metadata.num_warps); launching with the requested count
@@ -122,7 +127,11 @@ def _emit(ctx, args, compiled, *, binary: str, compute_capability: int, num_warp
         compiled.asm.get("ttir", ""), compute_capability,
     )
     n_params = len(ctx.avals_in) + len(ctx.avals_out) + len(scratch_shapes)
-    params = [gpu_triton.create_array_parameter(0, _POINTER_ALIGN) for _ in range(n_params)]
+    zero_bytes = [0] * n_params
+    for i in zeroed_outputs:
+        aval = ctx.avals_out[i]
+        zero_bytes[len(ctx.avals_in) + i] = int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+    params = [gpu_triton.create_array_parameter(b, _POINTER_ALIGN) for b in zero_bytes]
     call = gpu_triton.TritonKernelCall(triton_kernel, grid[0], grid[1], grid[2], params)
     rule = jax.ffi.ffi_lowering(
         _CUSTOM_CALL_TARGET, api_version=2,
@@ -134,14 +143,15 @@ def _emit(ctx, args, compiled, *, binary: str, compute_capability: int, num_warp
 
 
 def _lowering(ctx, *args, out_shapes, kernel, grid, num_warps, num_stages, compute_capability, name,
-              maxnreg, constexprs):
+              maxnreg, zeroed_outputs, constexprs):
     signature = _signature(kernel, list(ctx.avals_in) + list(ctx.avals_out))
     compiled = _compile(kernel, signature, constexprs, num_warps, num_stages, f"sm_{compute_capability}",
                         maxnreg)
     scratch_shapes = [jax.core.ShapedArray((_scratch_bytes(b, grid),), jnp.uint8)
                       for b in needs_scratch(compiled)]
     return _emit(ctx, args, compiled, binary=compiled.asm["ptx"], compute_capability=compute_capability,
-                 num_warps=num_warps, grid=grid, name=name, scratch_shapes=scratch_shapes)
+                 num_warps=num_warps, grid=grid, name=name, scratch_shapes=scratch_shapes,
+                 zeroed_outputs=zeroed_outputs)
 
 
 mlir.register_lowering(scratch_call_p, _lowering, platform="cuda")

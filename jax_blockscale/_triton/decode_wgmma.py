@@ -1,0 +1,324 @@
+"""Decode GEMM for fp4 weights on Hopper: the weight decoded straight into wgmma's register operand (Gluon).
+
+bf16 activations x (2-16 rows as dispatched) times an mxfp4 or nvfp4 weight w (N, K), one kernel per
+matmul: a serving step, where the matmul streams the weight once.
+
+Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
+MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
+Triton the decoded weight reaches the MMA through a layout conversion in shared memory (the swapped MMA ran
+at 1.1-1.5x XLA's bf16 dot at 8-16 rows). Gluon lets the kernel hold the weight in the layout wgmma's A
+operand has in registers:
+
+- The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16 rows, its N side
+  (wgmma m64n16k16, A from registers, B from shared memory). Thread `4g + t` of warp `w` holds, for every
+  k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
+- The dot product is a sum over K, so K may be relabelled, identically in both operands. `_slots` gives
+  thread t of a row quad the t-th 16 bytes of every 64-byte piece of the row (32 consecutive fp4 codes):
+  one 16-byte shared-memory load per piece lands exactly in its A fragment, with no ldmatrix and no
+  shuffle (the layout conversion compiles to nothing; a CPU test checks the instructions). The activations
+  take the same relabelling once per program, on their way into shared memory.
+- The weight streams through a ring of `STAGES` chunks in shared memory filled by cp.async (16 bytes per
+  thread and row piece; 4-byte copies for the scales), one commit group per chunk.
+- fp4 codes become bf16 by bit placement (`decode._fp4_pair_ptx`), two exact bf16 multiplies per pair (the
+  e2m1 bias, then the group's scale: e8m0 for mxfp4, e4m3 for nvfp4, whose tensor scales multiply the
+  fp32 result).
+- Grid (cdiv(N, 64), SPLIT_K): about seven short programs per SM, each one or a few 256-code chunks of
+  its 64 rows. Programs looping over several N tiles with the next tile's chunks in flight measured slower.
+
+Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
+workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
+order and writes the output. `atomic_split_k`: fp32 atomics into a zeroed accumulator instead, then the
+last program casts (not bitwise reproducible). Counters and the atomic accumulator are zeroed by the
+custom call (a memset beside the kernel, no XLA kernel).
+
+What bounds it (H100, Nsight Compute, 7168 x 4096, 16 rows): issue, not DRAM. DRAM runs at 23% of peak;
+each scheduler issues 0.41 instructions per cycle with 3.3 warps resident (registers cap a program at 4
+per SM), and a program's decode (~4 instructions per weight element), its activation staging and its
+split-K epilogue (stores, then the counter's round trip) are one dependent chain. The kernel reads the
+weight at 40-55% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
+or a layout prepared at quantization time.
+
+Hopper only: wgmma is sm_90a's instruction (sm_100 keeps decode.py, whose Triton source lowers to tcgen05).
+Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_wgmma.py checks results on the GPU
+against the jnp reference, tests/test_lowering_decode_wgmma.py the dispatch and instructions on the CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from . import launch as scratch
+from .block_fp8 import OUT_DTYPES, check_operands
+from .decode import _FP4_PTX, e8m0_to_bf16
+from .problem import NVFP4, GemmProblem, TileConfig
+
+SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
+MAX_ROWS = 16  # activation rows: one wgmma N side of 16
+ROWS_PER_WARP = 16  # weight rows per warp: a warp group's m64 tile is four warps' 16
+_INT32_LIMIT = 2**31
+
+
+@gluon.constexpr_function
+def _weight_layout(num_warps, chunk, group_bytes):
+    """(rows, groups, bytes) layout of a (16 * num_warps, chunk / 2 / group_bytes, group_bytes) chunk of
+    packed codes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 and, of each 64-byte piece of
+    their bytes, the t-th 16 bytes (one vector; a row quad's load covers 64 contiguous bytes), i.e. wgmma's
+    A fragment of those rows after `_slots`."""
+    def pow2(n):
+        return [1 << i for i in range(n.bit_length() - 1)]
+
+    def at(byte):  # a byte offset within the row's chunk -> (group, byte in group)
+        return [0, byte // group_bytes, byte % group_bytes]
+    regs = [at(b) for b in pow2(16)] + [at(64 * h) for h in pow2(chunk // 128)] + [[8, 0, 0]]
+    lanes = [at(16), at(32)] + [[r, 0, 0] for r in (1, 2, 4)]
+    warps = [[16 * w, 0, 0] for w in pow2(num_warps)]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [],
+                                      [16 * num_warps, chunk // 2 // group_bytes, group_bytes])
+
+
+@gluon.constexpr_function
+def _bytes_layout(num_warps, chunk):
+    """`_weight_layout` as a 2D (rows, chunk / 2 bytes) layout: what a thread reads from the ring."""
+    def pow2(n):
+        return [1 << i for i in range(n.bit_length() - 1)]
+    regs = [[0, b] for b in pow2(16)] + [[0, 64 * h] for h in pow2(chunk // 128)] + [[8, 0]]
+    lanes = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
+    warps = [[16 * w, 0] for w in pow2(num_warps)]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk // 2])
+
+
+@gluon.jit
+def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr):
+    """(R, CHUNK) in true K order -> (R, CHUNK) in wgmma slot order: quarter t of each 128-code piece h
+    (k = 128 h + 32 t + 4 j + 2 eh + el) becomes slots {2t, 2t + 1, 2t + 8, 2t + 9} of k16 step 8 h + j.
+    Reshapes and a permute only: with the layouts above, no data moves."""
+    v = gl.reshape(v, [R, CHUNK // 128, 4, 8, 2, 2])
+    v = gl.permute(v, [0, 1, 3, 4, 2, 5])       # (h, j, eh, t, el)
+    return gl.reshape(v, [R, CHUNK])            # slot = 16 (8 h + j) + 8 eh + 2 t + el
+
+
+@gluon.jit
+def _decode(packed, raw_s, GROUP: gl.constexpr):
+    """Packed fp4 codes (R, groups, bytes) and their raw scales (R, groups) -> (R, CHUNK) bf16 values."""
+    if GROUP == 16:
+        s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
+    else:
+        s = e8m0_to_bf16(raw_s)
+    s = gl.broadcast(s[:, :, None], packed)[0]
+    lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    return gl.join(lo, hi)  # (R, groups, bytes, 2): the even code is the low nibble
+
+
+@gluon.jit
+def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                GROUP: gl.constexpr, CHUNK: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr,
+                CL: gl.constexpr, SCL: gl.constexpr, WIDE: gl.constexpr):
+    """cp.async of chunk c of the program's split (if it has one: c < NC) into ring slot c % STAGES: packed
+    codes (R, CHUNK / 2) and raw scales (R, CHUNK / GROUP) of rows n0 .. n0 + R - 1. Rows past N read row
+    N - 1; their results are never stored. One commit group per call, empty past the last chunk, so that
+    wait_group counts chunks."""
+    if c < NC:
+        k0 = k_begin + c * CHUNK
+        rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, CL)), N - 1)
+        if WIDE:
+            rows = rows.to(gl.int64)
+        cols = gl.arange(0, CHUNK // 2, layout=gl.SliceLayout(0, CL))
+        async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
+                                               w_ptr + (rows[:, None] * (K // 2) + k0 // 2 + cols[None, :]))
+        s_rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, SCL)), N - 1)
+        s_cols = gl.arange(0, CHUNK // GROUP, layout=gl.SliceLayout(0, SCL))
+        async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
+                                               s_ptr + (s_rows[:, None] * (K // GROUP) + k0 // GROUP + s_cols[None, :]))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M: gl.constexpr, N: gl.constexpr,
+              SPLIT_K: gl.constexpr, ATOMIC: gl.constexpr, MMA: gl.constexpr):
+    """Stores one N tile's (R, 16) fp32 partial transposed into out (M, N), after the split-K reduction of
+    the module docstring (ordered workspace, or fp32 atomics when ATOMIC)."""
+    R: gl.constexpr = acc.shape[0]
+    BM: gl.constexpr = acc.shape[1]
+    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
+    on = tile * R + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
+    om = gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
+    offs = om[None, :] * N + on[:, None]
+    mask = (om[None, :] < M) & (on[:, None] < N)
+    if SPLIT_K == 1:
+        gl.store(out_ptr + offs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        if ATOMIC:
+            gl.atomic_add(ws_ptr + offs, acc, mask=mask, sem="relaxed")
+        else:
+            gl.store(ws_ptr + pid_k * (M * N) + offs, acc, mask=mask)
+        # Every thread's partial is written before one thread's release of the counter (bar.sync, then a
+        # gpu-scope acq_rel atomic, cumulative under PTX's memory model); the last program's acquire orders
+        # its reads after all of them.
+        gl.thread_barrier()
+        arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            if ATOMIC:
+                total = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            else:
+                total = gl.zeros([R, BM], gl.float32, layout=MMA)
+                for s in gl.static_range(SPLIT_K):  # fixed order: bitwise the same on every run
+                    total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + offs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
+                            M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, GROUP: gl.constexpr,
+                            CHUNK: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, ATOMIC: gl.constexpr,
+                            WIDE: gl.constexpr):
+    """out (M, N) = a_ts * b_ts * x (M, K) @ decode(w (N, K / 2), s (N, K / GROUP)).T. ws: (SPLIT_K, M, N)
+    fp32 partials, or a zeroed (M, N) fp32 accumulator (ATOMIC); count: zeroed int32 per N tile; both
+    unused when SPLIT_K == 1. Grid (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K."""
+    W: gl.constexpr = gl.num_warps()
+    R: gl.constexpr = 16 * W                      # weight rows per program: one m64 tile per warp group
+    BM: gl.constexpr = 16                         # the activations, padded: wgmma's N
+    KS: gl.constexpr = K // SPLIT_K
+    NC: gl.constexpr = KS // CHUNK
+    L3: gl.constexpr = _weight_layout(W, CHUNK, GROUP // 2)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16])
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
+    XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # cp.async: 16 bytes per thread of a row's codes; >= 4 bytes per copy, so 4 scales (chunk / group >= 4).
+    CL: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CHUNK // 32), CHUNK // 32], [W, 1], [1, 0])
+    SCL: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (CHUNK // GROUP // 4), CHUNK // GROUP // 4], [W, 1], [1, 0])
+    # The ring's 16-byte vectors swizzled across 8 rows: a row quad's loads hit distinct banks.
+    WR: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, order=[1, 0])
+    SR: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    n0 = pid_n * R
+    k_begin = pid_k * KS
+
+    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, CHUNK // 2], WR)
+    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, R, CHUNK // GROUP], SR)
+    for c in gl.static_range(STAGES - 1):  # in flight while the activations are staged
+        _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R, N, K, GROUP, CHUNK, NC, STAGES, CL, SCL, WIDE)
+
+    # This split's activations, relabelled like the weight, in shared memory: (NC, BM, CHUNK).
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
+    xm = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
+    xk = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, XL))
+    for c in gl.static_range(NC):
+        xv = gl.load(x_ptr + xm[:, None] * K + (k_begin + c * CHUNK) + xk[None, :], mask=xm[:, None] < M,
+                     other=0.0)
+        x_smem.index(c).store(_slots(xv, BM, CHUNK))
+    fence_async_shared()
+
+    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
+    for i in range(NC):
+        async_copy.wait_group(STAGES - 2)  # chunk i's group has landed (this thread's copies) ...
+        gl.thread_barrier()                # ... and every thread's; the slot read last iteration is free
+        if STAGES - 1 < NC:  # else the prologue issued every chunk (and Triton 3.6 fails on the dead copies)
+            _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, i + STAGES - 1, n0, k_begin, R, N, K, GROUP, CHUNK, NC,
+                        STAGES, CL, SCL, WIDE)
+        else:
+            async_copy.commit_group()  # an empty group: wait_group counts one group per chunk
+        packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CHUNK)), [R, CHUNK // GROUP, GROUP // 2])
+        raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
+        w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, GROUP), [R, CHUNK])
+        a = gl.convert_layout(_slots(w, R, CHUNK), A_OP)  # the layouts agree: no data moves
+        acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
+    async_copy.wait_group(0)
+    _epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side.
+
+CHUNKS = (128, 256, 512)  # K codes per step: 64-256 bytes of each weight row (16-64 per thread)
+# K per program at most: its activations, staged in shared memory, take 16 x MAX_STAGED_K x 2 bytes (64 KiB).
+MAX_STAGED_K = 2048
+MAX_STAGES = 8  # the ring: up to 8 x 16 KiB at 128 rows and 512-code chunks, beside the activations
+# Programs to aim for, about 7 per SM (H100, N=7168, K=4096, kernel time, 2026-11-23, M = 1 / 16, 3 stages:
+# 112 N tiles x 8 splits of 2 chunks, 12.7 / 15.6 us; x 16 splits of 1 chunk, 13.5 / 17.7 us; x 4 splits of 4
+# chunks, 14.5 / 16.4 us; programs looping over 2-7 N tiles (528 or 264 programs), 14.0-17.9 / 16.0-31.7 us;
+# 4 or 6 stages, slower again).
+_TARGET_PROGRAMS = 896
+
+
+def supports(p: GemmProblem) -> bool:
+    return (p.a_kind, p.b_kind) in SUPPORTED and not p.b_batched and p.batch * p.m <= MAX_ROWS
+
+
+def check_config(p: GemmProblem, config: TileConfig) -> None:
+    rows = p.batch * p.m
+    if (p.a_kind, p.b_kind) not in SUPPORTED:
+        raise ValueError(f"the wgmma decode kernel takes bf16 x mxfp4 / nvfp4, got {p.a_kind} x {p.b_kind}")
+    if p.b_batched:
+        raise ValueError("the wgmma decode kernel needs an unbatched weight")
+    if rows > MAX_ROWS or config.block_m != MAX_ROWS:
+        raise ValueError(f"the wgmma decode kernel takes <= {MAX_ROWS} activation rows padded to block_m = "
+                         f"{MAX_ROWS}: rows={rows}, block_m={config.block_m}")
+    if config.num_warps not in (4, 8) or config.block_n != ROWS_PER_WARP * config.num_warps:
+        raise ValueError(f"block_n must be {ROWS_PER_WARP} weight rows per warp with 4 or 8 warps (one or two "
+                         f"m64 warp groups), got block_n={config.block_n}, num_warps={config.num_warps}")
+    if config.block_k not in CHUNKS:
+        raise ValueError(f"block_k (the chunk of K per step) must be one of {CHUNKS}, got {config.block_k}")
+    if config.split_k < 1 or p.k % (config.block_k * config.split_k):
+        raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
+    if not 2 <= config.num_stages <= MAX_STAGES:
+        raise ValueError(f"num_stages (the weight ring's chunks) must be in [2, {MAX_STAGES}], got {config.num_stages}")
+    if p.k // config.split_k > MAX_STAGED_K:
+        raise ValueError(f"K per split ({p.k} / {config.split_k}) exceeds {MAX_STAGED_K}: a program stages its "
+                         f"activations in shared memory; raise split_k")
+
+
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """64 weight rows (4 warps), 256-code chunks, and the fewest K splits (dividing K's chunks, at most
+    MAX_STAGED_K per split) that give about `_TARGET_PROGRAMS` programs; deterministic split-K."""
+    del target
+    chunk = 256 if p.k % 256 == 0 else 128
+    n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
+    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and p.k // d <= MAX_STAGED_K]
+    split = next((d for d in divisors if n_tiles * d >= _TARGET_PROGRAMS), divisors[-1])
+    return TileConfig(block_m=MAX_ROWS, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=3,
+                      split_k=split, kernel="decode_wgmma")
+
+
+def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
+           alpha: jax.Array, *, config: TileConfig, compute_capability: int, a_ts=None, b_ts=None) -> jax.Array:
+    """The decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype. `alpha` (1,) is used
+    when the tensor scales `a_ts` / `b_ts` (scalars, multiplied in the kernel) are not given."""
+    if compute_capability != 90:
+        raise ValueError(f"the wgmma decode kernel runs on sm_90 (wgmma), got compute capability {compute_capability}")
+    check_config(p, config)
+    check_operands(p, a_values, a_scales, b_values, b_scales)
+    rows = p.batch * p.m
+    x = a_values.reshape(rows, p.k)
+    if a_ts is None or b_ts is None:
+        a_ts, b_ts = alpha.reshape(1).astype(jnp.float32), jnp.ones((1,), jnp.float32)
+    a_ts, b_ts = (jnp.asarray(t, jnp.float32).reshape(1) for t in (a_ts, b_ts))
+    n_tiles = triton.cdiv(p.n, config.block_n)
+    split = config.split_k
+    if split == 1:
+        ws_shape, zeroed = (1,), ()
+    elif config.atomic_split_k:
+        ws_shape, zeroed = (rows * p.n,), (1, 2)
+    else:
+        ws_shape, zeroed = (split * rows * p.n,), (2,)
+    out, _, _ = scratch.scratch_call(
+        decode_fp4_wgmma_kernel, b_values, b_scales, x, a_ts, b_ts,
+        out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
+                   jax.ShapeDtypeStruct(ws_shape, jnp.float32),
+                   jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)],
+        zeroed_outputs=zeroed, grid=(n_tiles, split), num_warps=config.num_warps, num_stages=config.num_stages,
+        compute_capability=compute_capability, name=f"decode_wgmma_bf16_{p.b_kind}", maxnreg=config.max_registers,
+        M=rows, N=p.n, K=p.k, GROUP=16 if p.b_kind == NVFP4 else 32, CHUNK=config.block_k, SPLIT_K=split,
+        STAGES=config.num_stages,
+        ATOMIC=bool(config.atomic_split_k), WIDE=p.n * (p.k // 2) >= _INT32_LIMIT,
+    )
+    return out.reshape(p.batch, p.m, p.n)

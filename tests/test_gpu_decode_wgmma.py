@@ -1,0 +1,122 @@
+"""GPU tests of the Gluon fp4 decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
+
+Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
+1-16 rows, as dispatch sends them and with every knob forced (chunk, warps, split-K count and reduction),
+on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
+bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
+split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
+tests/test_lowering_decode_wgmma.py; Gluon kernels do not run in Triton's interpreter.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_blockscale as jb
+from jax_blockscale import backends
+from jax_blockscale._triton import decode_wgmma
+from jax_blockscale._triton.problem import GemmProblem
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
+]
+
+KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4"}
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if backends.detect_target() != "sm_90":
+        pytest.skip("the wgmma decode kernel runs on sm_90 only")
+
+
+def _operands(fb, m, n, k, seed=0, batch=()):
+    rng = np.random.default_rng(seed)
+    a = jnp.asarray(rng.standard_normal(batch + (m, k)).astype(np.float32)).astype(jnp.bfloat16)
+    w = jnp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
+    return a, jb.quantize_operand(w, fb, side="b")
+
+
+def _config(fb, m, n, k, **changes):
+    p = GemmProblem(1, False, m, n, k + (-k % 256), "bf16", KINDS[fb], "bf16")
+    return decode_wgmma.default_config(p).replace(**changes)
+
+
+def _rel_err(out, ref):
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _run(a, b, config=None, out_dtype=jnp.float32):
+    return jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype, config=config))(a, b)
+
+
+def _check(a, b, config=None, out_dtype=jnp.float32):
+    out = _run(a, b, config, out_dtype)
+    ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
+    assert out.shape == ref.shape and out.dtype == out_dtype
+    tol = 1e-5 if out_dtype == jnp.float32 else 2 * float(jnp.finfo(out_dtype).eps) + 1e-5
+    err = _rel_err(out, ref)
+    assert err < tol, (err, config)
+    return out
+
+
+@pytest.mark.parametrize("fb", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("m", [2, 5, 16])
+@pytest.mark.parametrize("n,k", [(7168, 4096), (1000, 1000), (64, 7168)])
+def test_as_dispatched(fb, m, n, k):
+    a, b = _operands(fb, m, n, k)
+    assert jb.explain(a, b).kernel == "decode_wgmma"
+    _check(a, b)
+    _check(a, b, out_dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("fb", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("changes", [
+    dict(block_k=128), dict(num_warps=8, block_n=128), dict(split_k=1), dict(split_k=2),
+    dict(atomic_split_k=True), dict(block_k=128, split_k=4, atomic_split_k=True),
+])
+def test_every_knob(fb, changes):
+    m, n, k = 7, 1000, 2048
+    a, b = _operands(fb, m, n, k, seed=1)
+    _check(a, b, config=_config(fb, m, n, k, **changes))
+
+
+def test_batched_activations_and_nvfp4_tensor_scales():
+    a, b = _operands("nvfp4", 3, 777, 512, seed=2, batch=(2,))
+    b = dataclasses.replace(b, tensor_scale=b.tensor_scale * 0.375)
+    assert jb.explain(a, b).kernel == "decode_wgmma"
+    _check(a, b)
+
+
+def test_deterministic_by_default():
+    a, b = _operands("mxfp4", 16, 7168, 4096, seed=3)
+    cfg = _config("mxfp4", 16, 7168, 4096)
+    assert cfg.split_k > 1 and not cfg.atomic_split_k
+    first = np.asarray(_run(a, b, cfg))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(_run(a, b, cfg)), first)
+
+
+def test_special_values_match_the_reference():
+    """Zero, tiny and huge weights, NaN scales: the kernel's bf16 decode is exact, so its output matches
+    the reference's finite entries and its NaN / Inf pattern."""
+    m, n, k = 4, 256, 512
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    w[0] = 0.0
+    w[1] *= 1e-30
+    w[2] *= 1e30
+    w[3, 5] = np.nan
+    a = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32)).astype(jnp.bfloat16)
+    for fb in ("mxfp4", "nvfp4"):
+        b = jb.quantize_operand(jnp.asarray(w), fb, side="b")
+        out = np.asarray(_run(a, b))
+        ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-5, atol=1e-6 * np.abs(ref[fin]).max())

@@ -1,0 +1,114 @@
+"""The Gluon fp4 decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
+
+Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 / nvfp4, 2-16 activation rows), its
+configuration rules, and what the compiled kernel promises — the weight's bytes arrive as 16-byte global
+loads already in wgmma's A-operand registers (no ld.shared, no ldmatrix: the K relabelling moves no data),
+wgmma m64n16k16 with A from registers and B (the activations) from shared memory, the split-K counter's
+acq_rel atomic. Results are tested on the GPU (tests/test_gpu_decode_wgmma.py).
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_blockscale as jb
+from jax_blockscale import backends
+from jax_blockscale._triton import decode_wgmma as dw
+from jax_blockscale._triton.compile import compile_kernel
+from jax_blockscale._triton.problem import GemmProblem
+
+from _jax_triton import require_jax_triton
+
+jt = require_jax_triton()
+
+WGMMA_REG_A = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.bf16\.bf16\s+\{[^}]*\},\s*\{[^}]*\},\s*%rd")
+
+
+def _problem(m=16, n=7168, k=4096, kind="e2m1"):
+    return GemmProblem(1, False, m, n, k, "bf16", kind, "bf16")
+
+
+@pytest.mark.parametrize("target,fb,rows,want", [
+    ("sm_90", "mxfp4", 16, "decode_wgmma"), ("sm_90", "nvfp4", 2, "decode_wgmma"),
+    ("sm_90", "mxfp4", 1, "decode"),          # one row: the CUDA-core GEMV measured faster
+    ("sm_90", "mxfp4", 17, "upcast"),         # above one wgmma N side
+    ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: not this kernel
+    ("sm_100", "mxfp4", 16, "decode"),        # wgmma is Hopper's
+])
+def test_dispatch(target, fb, rows, want):
+    kind = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3"}[fb]
+    assert backends.choose(target, "bf16", kind, rows=rows, n=7168, k=4096).kernel == want
+
+
+def test_a_callers_own_config_skips_it():
+    # A TileConfig that names no kernel is meant for the decode / upcast entries' fields.
+    assert backends.choose("sm_90", "bf16", "e2m1", rows=16, n=7168, k=4096, configured=True).kernel == "decode"
+
+
+@pytest.mark.parametrize("n,k,split", [(7168, 4096, 8), (7168, 7168, 14), (7168, 2048, 8), (28672, 8192, 4),
+                                       (64, 256, 1)])
+def test_default_config(n, k, split):
+    cfg = dw.default_config(_problem(n=n, k=k))
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.kernel) == (16, 64, 256, 4, "decode_wgmma")
+    assert cfg.split_k == split and not cfg.atomic_split_k
+    assert cfg.num_stages == 3
+    dw.check_config(_problem(n=n, k=k), cfg)
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(block_m=32), "16 activation rows"), (dict(block_n=128), "weight rows per warp"),
+    (dict(block_k=1024), "block_k"), (dict(split_k=3), "multiple of block_k"), (dict(num_stages=1), "num_stages"),
+    (dict(split_k=1), "exceeds 2048"),
+])
+def test_check_config_says_why(changes, match):
+    p = _problem(k=8192)
+    with pytest.raises(ValueError, match=match):
+        dw.check_config(p, dw.default_config(p).replace(**changes))
+    with pytest.raises(ValueError, match="16 activation rows"):
+        dw.check_config(_problem(m=17), dw.default_config(_problem()))
+
+
+def _compile(group, chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3):
+    sig = dict(w_ptr="*u8", s_ptr="*fp8e4nv" if group == 16 else "*u8", x_ptr="*bf16", a_ts_ptr="*fp32",
+               b_ts_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
+    return compile_kernel(dw.decode_fp4_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
+                          constexprs=dict(M=16, N=7168, K=k, GROUP=group, CHUNK=chunk, SPLIT_K=split,
+                                          STAGES=stages, ATOMIC=atomic, WIDE=False)).asm["ptx"]
+
+
+@pytest.mark.parametrize("group,chunk,warps", [(32, 256, 4), (16, 256, 4), (32, 128, 8)])
+def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(group, chunk, warps):
+    ptx = _compile(group, chunk, warps)
+    # 16-byte cp.async copies of the weight rows (the scales' copies are 4 bytes), a ring slot per step.
+    assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::\d+B)? \[[^]]+\], \[[^]]+\], 0x10", ptx)
+    assert "cp.async.wait_group" in ptx
+    # Read back in the A operand's own layout (16-byte ld.shared), not through ldmatrix or a layout shuffle.
+    assert "ldmatrix" not in ptx and "ld.shared.v4.b32" in ptx
+    wgmmas = WGMMA_REG_A.findall(ptx)
+    assert len(wgmmas) == chunk // 16, len(wgmmas)  # one per k16 step of the chunk (the loop is not unrolled)
+    assert "atom.global.gpu.acq_rel" in ptx or "atom.acq_rel.gpu.global" in ptx
+
+
+def test_atomic_split_k_adds_fp32_atomics():
+    ptx = _compile(32, atomic=True)
+    assert "atom.global.gpu.relaxed.add.f32" in ptx or "red.global.gpu.relaxed.add.f32" in ptx
+
+
+def test_matmul_lowers_to_it(hopper):
+    x = jnp.zeros((2, 5, 1000), jnp.bfloat16)
+    w = jb.quantize_operand(jnp.zeros((777, 1000), jnp.float32), "nvfp4", side="b")
+    lowered = jax.jit(lambda x, w: jb.matmul(x, w)).trace(x, w).lower(lowering_platforms=("cuda",))
+    (ptx,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    assert "decode_fp4_wgmma_kernel" in ptx
+    assert WGMMA_REG_A.search(ptx)
+    assert jb.explain(x, w, target="sm_90").kernel == "decode_wgmma"
+
+
+def test_launch_refuses_other_targets():
+    p = _problem()
+    with pytest.raises(ValueError, match="sm_90"):
+        dw.launch(p, jnp.zeros((1, 16, 4096), jnp.bfloat16), jnp.zeros((1,), jnp.uint8),
+                  jnp.zeros((7168, 2048), jnp.uint8), jnp.zeros((7168, 128), jnp.uint8), jnp.ones((1,)),
+                  config=dw.default_config(p), compute_capability=100)
