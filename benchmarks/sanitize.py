@@ -7,7 +7,7 @@
 Families: block FP8 (pointer, split-K, swapped decode order, TMA), the persistent block FP8 kernel
 (dispatch's pick and a batched problem looping over tiles), the warp-specialized Gluon block FP8 kernel
 (the same two), the upcast kernel (pointer, split-K, swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
-the kernel, the streaming GEMV), the opt-in Hopper MX GEMM, the quantization kernels (row-wise and with the transposed side, MX, nvfp4, block
+the kernel, the streaming GEMV), the Gluon fp4 decode kernel (its pick and a forced atomic split-K), the opt-in Hopper MX GEMM, the quantization kernels (row-wise and with the transposed side, MX, nvfp4, block
 FP8 1x128 and 128x128, and 1x128 with 128x128 transposed tiles; the Gluon kernel for fp8 1x128 pairs) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
 none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
 dims. Each result is also compared with the jnp reference (a stray read that changes numbers fails
@@ -30,8 +30,8 @@ import numpy as np
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
 
-FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "hopper_mx", "quantize",
-            "dot_scaled")
+FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "decode_wgmma", "hopper_mx",
+            "quantize", "dot_scaled")
 _RNG = np.random.default_rng(0)
 
 
@@ -75,6 +75,13 @@ def _matmul_cases(small: bool):
         ("decode", "gemv_block_fp8", "fp8_block", "fp8_block", (2, 1024), 130,
          TileConfig(block_m=2, block_n=8, block_k=256, group_m=1, num_warps=4, num_stages=3, gemv=True,
                     prefetch=False, kernel="decode")),
+        # The Gluon fp4 decode kernel: dispatch's pick (5 rows, K padded to 17 chunks: 17 one-chunk splits, N
+        # one past a tile), and forced onto 128-code chunks, a 2-stage ring, fp32-atomic split-K and 16
+        # batched rows.
+        ("decode_wgmma", "default", "bf16", "mxfp4", (5, 4160), 129, None),
+        ("decode_wgmma", "nvfp4_chunk128_atomic_split2", "bf16", "nvfp4", (2, 8, 1024), 130,
+         TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, split_k=2, num_warps=4, num_stages=2,
+                    atomic_split_k=True, kernel="decode_wgmma")),
         # The persistent block FP8 kernel: dispatch's pick at an odd large shape, and forced onto a batched
         # problem with fewer programs than tiles (each program loops over several).
         ("block_fp8_persistent", "default", "fp8_block", "fp8_block", (1025, 1152), 1030, None),

@@ -67,7 +67,12 @@ DECODE_MAX_ROWS = 64
 _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4, "e4m3", "e5m2"))
 # The Gluon decode kernel for fp4 weights on Hopper (_triton/decode_wgmma.py).
 _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
-_DECODE_WGMMA_MEASURED = "to be measured"
+# H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-11-23_
+# session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
+# (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
+# at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
+_DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x at 2-16 rows, 1.2-2.0x XLA's bf16 "
+                          "dot on an H100 (2026-11-23)")
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
