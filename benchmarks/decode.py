@@ -145,6 +145,13 @@ def same_size_read_us(torch, n: int, nbytes: int) -> float:
     return kernel_us(jax.jit(lambda x: jnp.sum(x, axis=1)), [(x,) for x in xs], torch)
 
 
+def _weights_and_read(torch, fb: str, n: int, k: int):
+    """The rotated weights of format `fb`, one weight's bytes and a same-size read's time (us)."""
+    ws = _weights(fb, n, k, 1)
+    nb = _nbytes(ws[0])
+    return ws, nb, same_size_read_us(torch, n, nb)
+
+
 def _cublas_blockwise_us(torch, x, ws):
     """Kernel time (us per call) of torch's cuBLAS blockwise FP8 on the very bytes of our fp8_block operands,
     checked against the reference first (`benchmarks/_torch.torch_blockwise`, as `benchmarks.quick` times
@@ -401,9 +408,7 @@ def config_variants(torch, rows: tuple[int, ...], variants, fp4_only: set[str], 
         print(f"| bf16 | {m} | XLA bf16 | - | {us:.2f} | {_nbytes(bf16_ws[0]) / us / 1e3:.0f} | | 1.00x | |", flush=True)
     del bf16_ws
     for fb in ("mxfp4", "nvfp4", "mxfp8"):
-        ws = _weights(fb, n, k, 1)
-        nb = _nbytes(ws[0])
-        read_us = same_size_read_us(torch, n, nb)
+        ws, nb, read_us = _weights_and_read(torch, fb, n, k)
         print(f"| {fb} | - | same-size read | XLA row sum over {nb / 1e6:.1f} MB | {read_us:.2f} | "
               f"{nb / read_us / 1e3:.0f} | {100 * nb / read_us / 1e3 / ceiling:.0f}% | | |", flush=True)
         for m in rows:
@@ -513,9 +518,7 @@ def wgmma_table(torch, shapes, rows=WGMMA_ROWS):
                   f"1.00x | | |", flush=True)
         del bf16_ws
         for fb in ("mxfp4", "nvfp4"):
-            ws = _weights(fb, n, k, 1)
-            nb = _nbytes(ws[0])
-            read_us = same_size_read_us(torch, n, nb)
+            ws, nb, read_us = _weights_and_read(torch, fb, n, k)
             print(f"| {n} | {k} | {fb} | - | same-size read | {nb / 1e6:.1f} MB | {read_us:.2f} | "
                   f"{nb / read_us / 1e3:.0f} | 100% | | | |", flush=True)
             for m in rows:

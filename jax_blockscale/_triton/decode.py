@@ -608,6 +608,25 @@ def kernel_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bo
     return decode_kernel, dict(common, FMA=config.fma)
 
 
+def tensor_scale_operands(alpha: jax.Array, a_ts, b_ts) -> tuple[jax.Array, jax.Array]:
+    """The kernels' two (1,) float32 tensor-scale operands, multiplied in the kernel: `a_ts` / `b_ts` (the
+    nvfp4 tensor scales, scalars) where given, else `alpha` (1,) and one."""
+    if a_ts is None or b_ts is None:
+        a_ts, b_ts = alpha.reshape(1).astype(jnp.float32), jnp.ones((1,), jnp.float32)
+    return tuple(jnp.asarray(t, jnp.float32).reshape(1) for t in (a_ts, b_ts))
+
+
+def split_k_workspace(rows: int, n: int, config: TileConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(workspace shape, zeroed output indices) of the in-kernel split-K reduction (module docstring), for
+    outputs (out, workspace, counters): nothing to reduce without a split; a zeroed fp32 accumulator and
+    zeroed counters for fp32 atomics; one fp32 partial per split and zeroed counters otherwise."""
+    if config.split_k == 1:
+        return (1,), ()
+    if config.atomic_split_k:
+        return (rows * n,), (1, 2)
+    return (config.split_k * rows * n,), (2,)
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability, a_ts=None, b_ts=None) -> jax.Array:
     """Decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype.
@@ -624,17 +643,10 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     # Dense activations have no scales: pass the values again as the (unread) pointer, so the primitive's
     # dummy scales are dead code and XLA builds none.
     x_scales = x_values if p.a_kind in DENSE_KINDS else a_scales.reshape(rows, a_scales.shape[-1])
-    if a_ts is None or b_ts is None:
-        a_ts, b_ts = alpha.reshape(1).astype(jnp.float32), jnp.ones((1,), jnp.float32)
-    a_ts, b_ts = (jnp.asarray(t, jnp.float32).reshape(1) for t in (a_ts, b_ts))
+    a_ts, b_ts = tensor_scale_operands(alpha, a_ts, b_ts)
     n_tiles = triton.cdiv(p.n, config.block_n)
     split = config.split_k
-    if split == 1:
-        ws_shape, zeroed = (1,), ()
-    elif config.atomic_split_k:
-        ws_shape, zeroed = (rows * p.n,), (1, 2)
-    else:
-        ws_shape, zeroed = (split * rows * p.n,), (2,)
+    ws_shape, zeroed = split_k_workspace(rows, p.n, config)
     wide = max(p.n * p.k, split * rows * p.n) >= _INT32_LIMIT
     asm = bool(config.asm_decode and compute_capability is not None and compute_capability >= 90)
     kernel, constexprs = kernel_constexprs(p, config, asm=asm, wide=wide)

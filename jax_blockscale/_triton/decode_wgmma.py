@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
-from .decode import _FP4_PTX, e8m0_to_bf16
+from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
 from .problem import NVFP4, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
@@ -299,17 +299,10 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     check_operands(p, a_values, a_scales, b_values, b_scales)
     rows = p.batch * p.m
     x = a_values.reshape(rows, p.k)
-    if a_ts is None or b_ts is None:
-        a_ts, b_ts = alpha.reshape(1).astype(jnp.float32), jnp.ones((1,), jnp.float32)
-    a_ts, b_ts = (jnp.asarray(t, jnp.float32).reshape(1) for t in (a_ts, b_ts))
+    a_ts, b_ts = tensor_scale_operands(alpha, a_ts, b_ts)
     n_tiles = triton.cdiv(p.n, config.block_n)
     split = config.split_k
-    if split == 1:
-        ws_shape, zeroed = (1,), ()
-    elif config.atomic_split_k:
-        ws_shape, zeroed = (rows * p.n,), (1, 2)
-    else:
-        ws_shape, zeroed = (split * rows * p.n,), (2,)
+    ws_shape, zeroed = split_k_workspace(rows, p.n, config)
     out, _, _ = scratch.scratch_call(
         decode_fp4_wgmma_kernel, b_values, b_scales, x, a_ts, b_ts,
         out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
