@@ -65,19 +65,22 @@ _INT32_LIMIT = 2**31
 
 
 @gluon.constexpr_function
+def _pow2(n: int) -> list[int]:
+    """1, 2, 4, ... below n (a power of two): the bases of a linear layout dimension of size n."""
+    return [1 << i for i in range(n.bit_length() - 1)]
+
+
+@gluon.constexpr_function
 def _weight_layout(num_warps, chunk, group_bytes):
     """(rows, groups, bytes) layout of a (16 * num_warps, chunk / 2 / group_bytes, group_bytes) chunk of
     packed codes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 and, of each 64-byte piece of
     their bytes, the t-th 16 bytes (one vector; a row quad's load covers 64 contiguous bytes), i.e. wgmma's
     A fragment of those rows after `_slots`."""
-    def pow2(n):
-        return [1 << i for i in range(n.bit_length() - 1)]
-
     def at(byte):  # a byte offset within the row's chunk -> (group, byte in group)
         return [0, byte // group_bytes, byte % group_bytes]
-    regs = [at(b) for b in pow2(16)] + [at(64 * h) for h in pow2(chunk // 128)] + [[8, 0, 0]]
+    regs = [at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk // 128)] + [[8, 0, 0]]
     lanes = [at(16), at(32)] + [[r, 0, 0] for r in (1, 2, 4)]
-    warps = [[16 * w, 0, 0] for w in pow2(num_warps)]
+    warps = [[16 * w, 0, 0] for w in _pow2(num_warps)]
     return gl.DistributedLinearLayout(regs, lanes, warps, [],
                                       [16 * num_warps, chunk // 2 // group_bytes, group_bytes])
 
@@ -85,11 +88,9 @@ def _weight_layout(num_warps, chunk, group_bytes):
 @gluon.constexpr_function
 def _bytes_layout(num_warps, chunk):
     """`_weight_layout` as a 2D (rows, chunk / 2 bytes) layout: what a thread reads from the ring."""
-    def pow2(n):
-        return [1 << i for i in range(n.bit_length() - 1)]
-    regs = [[0, b] for b in pow2(16)] + [[0, 64 * h] for h in pow2(chunk // 128)] + [[8, 0]]
+    regs = [[0, b] for b in _pow2(16)] + [[0, 64 * h] for h in _pow2(chunk // 128)] + [[8, 0]]
     lanes = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
-    warps = [[16 * w, 0] for w in pow2(num_warps)]
+    warps = [[16 * w, 0] for w in _pow2(num_warps)]
     return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk // 2])
 
 
@@ -105,7 +106,8 @@ def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr):
 
 @gluon.jit
 def _decode(packed, raw_s, GROUP: gl.constexpr):
-    """Packed fp4 codes (R, groups, bytes) and their raw scales (R, groups) -> (R, CHUNK) bf16 values."""
+    """Packed fp4 codes (R, groups, bytes) and their raw scales (R, groups) -> the codes' scaled values,
+    (R, groups, bytes, 2) bf16, the even code (the low nibble) first: (R, CHUNK) in K order once reshaped."""
     if GROUP == 16:
         s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
     else:
