@@ -35,7 +35,7 @@ What bounds it (H100, Nsight Compute, 7168 x 4096, 16 rows): issue, not DRAM. DR
 each scheduler issues 0.41 instructions per cycle with 3.3 warps resident (registers cap a program at 4
 per SM), and a program's decode (~4 instructions per weight element), its activation staging and its
 split-K epilogue (stores, then the counter's round trip) are one dependent chain. The kernel reads the
-weight at 40-55% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
+weight at 35-57% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
 or a layout prepared at quantization time.
 
 Hopper only: wgmma is sm_90a's instruction (sm_100 keeps decode.py, whose Triton source lowers to tcgen05).
