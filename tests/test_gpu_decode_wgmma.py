@@ -1,7 +1,7 @@
 """GPU tests of the Gluon fp4 decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
 
 Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
-1-16 rows, as dispatch sends them and with every knob forced (chunk, warps, split-K count and reduction),
+2-16 rows as dispatch sends them, and with its knobs forced (chunk, warps, split-K count and reduction),
 on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
 bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
 split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):

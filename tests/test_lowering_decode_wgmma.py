@@ -1,10 +1,11 @@
 """The Gluon fp4 decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
 
 Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 / nvfp4, 2-16 activation rows), its
-configuration rules, and what the compiled kernel promises — the weight's bytes arrive as 16-byte global
-loads already in wgmma's A-operand registers (no ld.shared, no ldmatrix: the K relabelling moves no data),
-wgmma m64n16k16 with A from registers and B (the activations) from shared memory, the split-K counter's
-acq_rel atomic. Results are tested on the GPU (tests/test_gpu_decode_wgmma.py).
+configuration rules, and what the compiled kernel promises: the weight streams through a ring of 16-byte
+cp.async copies and comes back as 16-byte ld.shared loads already in wgmma's A-operand registers (no
+ldmatrix: the K relabelling moves no data), wgmma m64n16k16 with A from registers and B (the activations)
+from shared memory, the split-K counter's acq_rel atomic. Results are tested on the GPU
+(tests/test_gpu_decode_wgmma.py).
 """
 
 import re
