@@ -71,6 +71,9 @@ _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 # session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
 # (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
 # at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
+_DECODE_WGMMA_WHY = ("decode (one fp4 weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
+                     "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
+                     "kernel; ")
 _DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x at 2-16 rows, 1.2-2.0x XLA's bf16 "
                           "dot on an H100 (2026-11-23)")
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
@@ -109,11 +112,12 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block
         # FP8 (13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are
         # not measured yet.
-        KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast",
-                    "decode (<= 16 rows, one fp4 weight): Gluon, the weight loaded in wgmma's A-operand register "
-                    "layout (K relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in "
-                    "the same kernel; " + _DECODE_WGMMA_MEASURED,
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast", _DECODE_WGMMA_WHY + _DECODE_WGMMA_MEASURED,
                     max_rows=16, min_rows=2, named_configs_only=True),
+        KernelEntry("decode_wgmma", frozenset({("bf16", "e2m1")}), "upcast",
+                    _DECODE_WGMMA_WHY + "activations padded to 32 rows; 1.12-1.50x the upcast path below at 17 and "
+                    "32 rows (H100, 7168 x 4096 and 8192^2; nvfp4 there was 0.85-1.07x, so it keeps upcast)",
+                    max_rows=32, min_rows=17, named_configs_only=True),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",

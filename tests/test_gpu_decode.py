@@ -46,8 +46,8 @@ N, K = 1000, 1000  # no whole number of weight tiles; K pads to 1024 (1000 is no
 
 
 def _dispatched(fa, fb, rows):
-    """The decode kernel dispatch picks on sm_90: bf16 x fp4 weights at 2-16 rows take the Gluon kernel
-    (tests/test_gpu_decode_wgmma.py), everything else decode.py."""
+    """The decode kernel dispatch picks on sm_90 for the rows used here (1, 5, 16, 64 and 6): bf16 x fp4
+    weights at 2-16 rows take the Gluon kernel (tests/test_gpu_decode_wgmma.py), everything else decode.py."""
     hopper = backends.detect_target() == "sm_90"
     return "decode_wgmma" if hopper and fa == "bf16" and fb in FP4 and 2 <= rows <= 16 else "decode"
 

@@ -1,7 +1,8 @@
 """GPU tests of the Gluon fp4 decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
 
 Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
-2-16 rows as dispatch sends them, and with its knobs forced (chunk, warps, split-K count and reduction),
+the rows dispatch sends them (mxfp4 2-32, nvfp4 2-16), and with its knobs forced (chunk, warps, split-K count
+and reduction, 32 padded rows),
 on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
 bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
 split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
@@ -65,12 +66,12 @@ def _check(a, b, config=None, out_dtype=jnp.float32):
     return out
 
 
-@pytest.mark.parametrize("fb", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("m", [2, 5, 16])
+@pytest.mark.parametrize("fb,m", [("mxfp4", 2), ("mxfp4", 5), ("mxfp4", 16), ("mxfp4", 17), ("mxfp4", 32),
+                                  ("nvfp4", 2), ("nvfp4", 5), ("nvfp4", 16)])
 @pytest.mark.parametrize("n,k", [(7168, 4096), (1000, 1000), (64, 7168)])
 def test_as_dispatched(fb, m, n, k):
     a, b = _operands(fb, m, n, k)
-    assert jb.explain(a, b).kernel == "decode_wgmma"
+    assert jb.explain(a, b).kernel == "decode_wgmma"  # mxfp4 up to 32 rows (padded to 32), nvfp4 up to 16
     _check(a, b)
     _check(a, b, out_dtype=jnp.bfloat16)
 
@@ -78,7 +79,8 @@ def test_as_dispatched(fb, m, n, k):
 @pytest.mark.parametrize("fb", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("changes", [
     dict(block_k=128), dict(num_warps=8, block_n=128), dict(split_k=1), dict(split_k=2),
-    dict(atomic_split_k=True), dict(block_k=128, split_k=4, atomic_split_k=True),
+    dict(atomic_split_k=True), dict(block_k=128, split_k=4, atomic_split_k=True), dict(block_m=32),
+    dict(num_stages=2), dict(num_stages=4, block_k=128),
 ])
 def test_every_knob(fb, changes):
     m, n, k = 7, 1000, 2048

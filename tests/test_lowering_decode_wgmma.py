@@ -34,7 +34,9 @@ def _problem(m=16, n=7168, k=4096, kind="e2m1"):
 @pytest.mark.parametrize("target,fb,rows,want", [
     ("sm_90", "mxfp4", 16, "decode_wgmma"), ("sm_90", "nvfp4", 2, "decode_wgmma"),
     ("sm_90", "mxfp4", 1, "decode"),          # one row: the CUDA-core GEMV measured faster
-    ("sm_90", "mxfp4", 17, "upcast"),         # above one wgmma N side
+    ("sm_90", "mxfp4", 17, "decode_wgmma"),   # mxfp4 up to 32 rows (padded to wgmma n32) ...
+    ("sm_90", "nvfp4", 17, "upcast"),         # ... nvfp4 measured faster on the upcast path there
+    ("sm_90", "mxfp4", 33, "upcast"),
     ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: not this kernel
     ("sm_100", "mxfp4", 16, "decode"),        # wgmma is Hopper's
 ])
@@ -58,16 +60,28 @@ def test_default_config(n, k, split):
     dw.check_config(_problem(n=n, k=k), cfg)
 
 
+@pytest.mark.parametrize("rows,k,block_m,split", [(17, 4096, 32, 8), (32, 4096, 32, 8), (32, 2048, 32, 8),
+                                                   (32, 8192, 32, 8)])
+def test_default_config_pads_rows_and_keeps_the_staged_activations_small(rows, k, block_m, split):
+    p = _problem(m=rows, k=k)
+    cfg = dw.default_config(p)
+    assert (cfg.block_m, cfg.split_k) == (block_m, split)  # 32 rows: at most 1024 K per split (64 KiB)
+    assert block_m * (k // split) * 2 <= dw.STAGED_BYTES
+    dw.check_config(p, cfg)
+    with pytest.raises(ValueError, match="pads the activation rows"):
+        dw.check_config(_problem(m=33, k=k), cfg)
+
+
 @pytest.mark.parametrize("changes,match", [
-    (dict(block_m=32), "16 activation rows"), (dict(block_n=128), "weight rows per warp"),
+    (dict(block_m=8), "pads the activation rows"), (dict(block_n=128), "weight rows per warp"),
     (dict(block_k=1024), "block_k"), (dict(split_k=3), "multiple of block_k"), (dict(num_stages=1), "num_stages"),
-    (dict(split_k=1), "exceeds 2048"),
+    (dict(split_k=1), "exceeds 2048"), (dict(block_m=32, split_k=4), "exceeds 1024"),
 ])
 def test_check_config_says_why(changes, match):
     p = _problem(k=8192)
     with pytest.raises(ValueError, match=match):
         dw.check_config(p, dw.default_config(p).replace(**changes))
-    with pytest.raises(ValueError, match="16 activation rows"):
+    with pytest.raises(ValueError, match="pads the activation rows"):
         dw.check_config(_problem(m=17), dw.default_config(_problem()))
 
 
@@ -75,7 +89,7 @@ def _compile(group, chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3)
     sig = dict(w_ptr="*u8", s_ptr="*fp8e4nv" if group == 16 else "*u8", x_ptr="*bf16", a_ts_ptr="*fp32",
                b_ts_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
     return compile_kernel(dw.decode_fp4_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
-                          constexprs=dict(M=16, N=7168, K=k, GROUP=group, CHUNK=chunk, SPLIT_K=split,
+                          constexprs=dict(M=16, N=7168, K=k, BM=16, GROUP=group, CHUNK=chunk, SPLIT_K=split,
                                           STAGES=stages, ATOMIC=atomic, WIDE=False)).asm["ptx"]
 
 

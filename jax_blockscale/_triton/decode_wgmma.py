@@ -1,7 +1,7 @@
 """Decode GEMM for fp4 weights on Hopper: the weight decoded straight into wgmma's register operand (Gluon).
 
-bf16 activations x (2-16 rows as dispatched) times an mxfp4 or nvfp4 weight w (N, K), one kernel per
-matmul: a serving step, where the matmul streams the weight once.
+bf16 activations x an mxfp4 or nvfp4 weight w (N, K) at 2-32 rows (dispatch: mxfp4 2-32, nvfp4 2-16), one
+kernel per matmul: a serving step, where the matmul streams the weight once.
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
 MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
@@ -9,9 +9,9 @@ Triton the decoded weight reaches the MMA through a layout conversion in shared 
 at 1.1-1.5x XLA's bf16 dot at 8-16 rows). Gluon lets the kernel hold the weight in the layout wgmma's A
 operand has in registers:
 
-- The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16 rows, its N side
-  (wgmma m64n16k16, A from registers, B from shared memory). Thread `4g + t` of warp `w` holds, for every
-  k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
+- The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16 or 32 rows, its
+  N side (wgmma m64n16k16 / m64n32k16, A from registers, B from shared memory). Thread `4g + t` of warp `w`
+  holds, for every k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
 - The dot product is a sum over K, so K may be relabelled, identically in both operands. `_slots` gives
   thread t of a row quad the t-th 16 bytes of every 64-byte piece of the row (32 consecutive fp4 codes):
   one 16-byte shared-memory load per piece lands exactly in its A fragment, with no ldmatrix and no
@@ -59,7 +59,10 @@ from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_oper
 from .problem import NVFP4, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
-MAX_ROWS = 16  # activation rows: one wgmma N side of 16
+# The activations padded to wgmma's N side. 64 measured 1.2-2.1x slower than the upcast path (H100, 255
+# registers per thread: benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md).
+BLOCK_MS = (16, 32)
+MAX_ROWS = BLOCK_MS[-1]
 ROWS_PER_WARP = 16  # weight rows per warp: a warp group's m64 tile is four warps' 16
 _INT32_LIMIT = 2**31
 
@@ -177,15 +180,14 @@ def _epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, 
 
 @gluon.jit
 def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                            M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, GROUP: gl.constexpr,
-                            CHUNK: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, ATOMIC: gl.constexpr,
-                            WIDE: gl.constexpr):
+                            M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
+                            GROUP: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
+                            ATOMIC: gl.constexpr, WIDE: gl.constexpr):
     """out (M, N) = a_ts * b_ts * x (M, K) @ decode(w (N, K / 2), s (N, K / GROUP)).T. ws: (SPLIT_K, M, N)
     fp32 partials, or a zeroed (M, N) fp32 accumulator (ATOMIC); count: zeroed int32 per N tile; both
     unused when SPLIT_K == 1. Grid (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K."""
     W: gl.constexpr = gl.num_warps()
     R: gl.constexpr = 16 * W                      # weight rows per program: one m64 tile per warp group
-    BM: gl.constexpr = 16                         # the activations, padded: wgmma's N
     KS: gl.constexpr = K // SPLIT_K
     NC: gl.constexpr = KS // CHUNK
     L3: gl.constexpr = _weight_layout(W, CHUNK, GROUP // 2)
@@ -242,8 +244,9 @@ def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws
 # Host side.
 
 CHUNKS = (128, 256, 512)  # K codes per step: 64-256 bytes of each weight row (16-64 per thread)
-# K per program at most: its activations, staged in shared memory, take 16 x MAX_STAGED_K x 2 bytes (64 KiB).
-MAX_STAGED_K = 2048
+# A program stages its split's activations in shared memory: block_m x K / split_k x 2 bytes, at most 64 KiB
+# (K / split_k <= 2048 at 16 rows, 1024 at 32).
+STAGED_BYTES = 64 * 1024
 MAX_STAGES = 8  # the ring: up to 8 x 16 KiB at 128 rows and 512-code chunks, beside the activations
 # Programs to aim for, about 7 per SM (H100, N=7168, K=4096, kernel time, 2026-11-23, M = 1 / 16, 3 stages:
 # 112 N tiles x 8 splits of 2 chunks, 12.7 / 15.6 us; x 16 splits of 1 chunk, 13.5 / 17.7 us; x 4 splits of 4
@@ -262,9 +265,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"the wgmma decode kernel takes bf16 x mxfp4 / nvfp4, got {p.a_kind} x {p.b_kind}")
     if p.b_batched:
         raise ValueError("the wgmma decode kernel needs an unbatched weight")
-    if rows > MAX_ROWS or config.block_m != MAX_ROWS:
-        raise ValueError(f"the wgmma decode kernel takes <= {MAX_ROWS} activation rows padded to block_m = "
-                         f"{MAX_ROWS}: rows={rows}, block_m={config.block_m}")
+    if config.block_m not in BLOCK_MS or rows > config.block_m:
+        raise ValueError(f"the wgmma decode kernel pads the activation rows to block_m in {BLOCK_MS} (wgmma's N): "
+                         f"rows={rows}, block_m={config.block_m}")
     if config.num_warps not in (4, 8) or config.block_n != ROWS_PER_WARP * config.num_warps:
         raise ValueError(f"block_n must be {ROWS_PER_WARP} weight rows per warp with 4 or 8 warps (one or two "
                          f"m64 warp groups), got block_n={config.block_n}, num_warps={config.num_warps}")
@@ -274,20 +277,23 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
     if not 2 <= config.num_stages <= MAX_STAGES:
         raise ValueError(f"num_stages (the weight ring's chunks) must be in [2, {MAX_STAGES}], got {config.num_stages}")
-    if p.k // config.split_k > MAX_STAGED_K:
-        raise ValueError(f"K per split ({p.k} / {config.split_k}) exceeds {MAX_STAGED_K}: a program stages its "
+    if config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES:
+        raise ValueError(f"K per split ({p.k} / {config.split_k}) exceeds {STAGED_BYTES // (2 * config.block_m)} at "
+                         f"block_m={config.block_m}: a program stages its "
                          f"activations in shared memory; raise split_k")
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     """64 weight rows (4 warps), 256-code chunks, and the fewest K splits (dividing K's chunks, at most
-    MAX_STAGED_K per split) that give about `_TARGET_PROGRAMS` programs; deterministic split-K."""
+    `STAGED_BYTES` of activations per program) that give about `_TARGET_PROGRAMS` programs; the rows padded to
+    16 or 32; deterministic split-K."""
     del target
     chunk = 256 if p.k % 256 == 0 else 128
     n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
-    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and p.k // d <= MAX_STAGED_K]
+    block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
+    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and block_m * (p.k // d) * 2 <= STAGED_BYTES]
     split = next((d for d in divisors if n_tiles * d >= _TARGET_PROGRAMS), divisors[-1])
-    return TileConfig(block_m=MAX_ROWS, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=3,
+    return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=3,
                       split_k=split, kernel="decode_wgmma")
 
 
@@ -312,7 +318,8 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
                    jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)],
         zeroed_outputs=zeroed, grid=(n_tiles, split), num_warps=config.num_warps, num_stages=config.num_stages,
         compute_capability=compute_capability, name=f"decode_wgmma_bf16_{p.b_kind}", maxnreg=config.max_registers,
-        M=rows, N=p.n, K=p.k, GROUP=16 if p.b_kind == NVFP4 else 32, CHUNK=config.block_k, SPLIT_K=split,
+        M=rows, N=p.n, K=p.k, BM=config.block_m, GROUP=16 if p.b_kind == NVFP4 else 32, CHUNK=config.block_k,
+        SPLIT_K=split,
         STAGES=config.num_stages,
         ATOMIC=bool(config.atomic_split_k), WIDE=p.n * (p.k // 2) >= _INT32_LIMIT,
     )
