@@ -1,6 +1,6 @@
 """The Gluon fp4 decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
 
-Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 / nvfp4, 2-16 activation rows), its
+Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 at 2-32 and nvfp4 at 2-16 activation rows), its
 configuration rules, and what the compiled kernel promises: the weight streams through a ring of 16-byte
 cp.async copies and comes back as 16-byte ld.shared loads already in wgmma's A-operand registers (no
 ldmatrix: the K relabelling moves no data), wgmma m64n16k16 with A from registers and B (the activations)
