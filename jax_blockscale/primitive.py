@@ -158,7 +158,7 @@ def _kernel_impl(a_values, a_scales, a_ts, b_values, b_scales, b_ts, *, a, b, ou
     p = GemmProblem(batch=nb, b_batched=b_batched, m=m, n=n, k=k_padded, a_kind=a.kind, b_kind=b.kind,
                     out_dtype=DTYPE_NAMES[jnp.dtype(out_dtype)])
     cfg = config or configs.select(choice.kernel, launcher, p, target, device_kind)
-    if choice.kernel in ("decode", "decode_wgmma", "hopper_mx"):
+    if getattr(launcher, "TAKES_TENSOR_SCALES", False):
         # The tensor scales go in as they are and are multiplied in the kernel: no XLA multiply kernel.
         ones = jnp.ones((1,), jnp.float32)
         ts = (a_ts, b_ts) if scalar_alpha else (ones, ones)

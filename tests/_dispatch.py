@@ -15,3 +15,15 @@ def set_opt_in(monkeypatch, target: str, module: str, opt_in) -> None:
 def enable_entry(monkeypatch, target: str, module: str) -> None:
     """Let automatic dispatch on `target` choose `module`'s entries (as if they were not opt-in)."""
     set_opt_in(monkeypatch, target, module, None)
+
+
+# The activation rows at which sm_90 dispatch sends bf16 activations x fp4 weights to the Gluon decode kernel
+# (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not read it.
+DECODE_WGMMA_ROWS = {"mxfp4": (2, 32), "nvfp4": (2, 16)}
+
+
+def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:
+    """The decode kernel sm_90 dispatch picks for activations `fa` x weights `fb` at `rows` rows (<= 64,
+    the opt-in decode entry enabled): decode_wgmma where DECODE_WGMMA_ROWS says, else decode."""
+    lo, hi = DECODE_WGMMA_ROWS.get(fb, (1, 0)) if fa == "bf16" else (1, 0)
+    return "decode_wgmma" if lo <= rows <= hi else "decode"

@@ -24,6 +24,8 @@ import pytest
 
 pytest.importorskip("triton")
 
+from _dispatch import sm90_decode_kernel  # noqa: E402
+
 HERE = pathlib.Path(__file__).parent
 
 # weight format -> the quantized activation format it is paired with (besides bf16)
@@ -138,11 +140,11 @@ def results():
 def test_decode_kernel_matches_reference(results, index):
     result, case = results[index], CASES[index]
     assert result["case"] == case
-    # Dispatch sends every weight format to decode.py here, except bf16 x fp4 at 2-16 rows, which it sends
-    # to the Gluon kernel (decode_wgmma, not run by Triton's interpreter); these cases pass decode.py configs.
-    fp4_rows = case["fa"] == "bf16" and case["fb"] in ("mxfp4", "nvfp4") and 2 <= case["m"] * _batch(case) <= 16
-    assert result["kernel"] == ("decode_wgmma" if fp4_rows else "decode"), result
-    assert not fp4_rows or case.get("config"), case
+    # Dispatch sends every weight format to decode.py here, except bf16 x fp4 at some rows, which it sends to
+    # the Gluon kernel (decode_wgmma, not run by Triton's interpreter); those cases pass decode.py configs.
+    dispatched = sm90_decode_kernel(case["fa"], case["fb"], case["m"] * _batch(case))
+    assert result["kernel"] == dispatched, result
+    assert dispatched == "decode" or case.get("config"), case
     (launch,) = result["launches"]
     config = case.get("config")
     gemv = launch["name"].endswith("_gemv")

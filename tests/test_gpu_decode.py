@@ -19,7 +19,7 @@ import jax_blockscale as jb
 from jax_blockscale import backends
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
 
-from _dispatch import enable_entry
+from _dispatch import enable_entry, sm90_decode_kernel
 from _exhaustive import grid
 
 pytestmark = [
@@ -46,10 +46,9 @@ N, K = 1000, 1000  # no whole number of weight tiles; K pads to 1024 (1000 is no
 
 
 def _dispatched(fa, fb, rows):
-    """The decode kernel dispatch picks on sm_90 for the rows used here (1, 5, 16, 64 and 6): bf16 x fp4
-    weights at 2-16 rows take the Gluon kernel (tests/test_gpu_decode_wgmma.py), everything else decode.py."""
-    hopper = backends.detect_target() == "sm_90"
-    return "decode_wgmma" if hopper and fa == "bf16" and fb in FP4 and 2 <= rows <= 16 else "decode"
+    """The decode kernel dispatch picks here: on sm_90 bf16 x fp4 weights at some rows take the Gluon kernel
+    (tests/test_gpu_decode_wgmma.py), everything else decode.py."""
+    return sm90_decode_kernel(fa, fb, rows) if backends.detect_target() == "sm_90" else "decode"
 
 
 def _x(rng, *shape):

@@ -23,7 +23,7 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import decode  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
-from _dispatch import enable_entry  # noqa: E402
+from _dispatch import enable_entry, sm90_decode_kernel  # noqa: E402
 from _ptx_emulator import run_ptx  # noqa: E402
 
 
@@ -317,7 +317,7 @@ def test_matmul_lowers_to_one_kernel(fa, fb, m):
     from jax_blockscale._triton import jt
 
     kernels = jt.lowered_kernels(lowered)
-    gluon = fa == "bf16" and fb in ("mxfp4", "nvfp4") and 2 <= m <= 16  # decode_wgmma on sm_90
+    gluon = sm90_decode_kernel(fa, fb, m) == "decode_wgmma"
     name = b"decode_fp4_wgmma_kernel" if gluon else b"gemv_kernel" if m <= 4 else b"decode_kernel"
     assert len(kernels) == 1 and name in kernels[0]
     assert text.count("stablehlo.custom_call") == 1

@@ -627,6 +627,10 @@ def split_k_workspace(rows: int, n: int, config: TileConfig) -> tuple[tuple[int,
     return (config.split_k * rows * n,), (2,)
 
 
+# The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
+TAKES_TENSOR_SCALES = True
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability, a_ts=None, b_ts=None) -> jax.Array:
     """Decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype.

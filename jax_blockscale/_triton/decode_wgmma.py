@@ -62,7 +62,6 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", "e2m1"), ("bf16", NV
 # The activations padded to wgmma's N side. 64 measured 1.2-2.1x slower than the upcast path (H100, 255
 # registers per thread: benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md).
 BLOCK_MS = (16, 32)
-MAX_ROWS = BLOCK_MS[-1]
 ROWS_PER_WARP = 16  # weight rows per warp: a warp group's m64 tile is four warps' 16
 _INT32_LIMIT = 2**31
 
@@ -147,8 +146,9 @@ def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N
 @gluon.jit
 def _epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M: gl.constexpr, N: gl.constexpr,
               SPLIT_K: gl.constexpr, ATOMIC: gl.constexpr, MMA: gl.constexpr):
-    """Stores one N tile's (R, 16) fp32 partial transposed into out (M, N), after the split-K reduction of
-    the module docstring (ordered workspace, or fp32 atomics when ATOMIC)."""
+    """Stores one N tile's (R, BM) fp32 partial transposed into out (M, N), after the split-K reduction of
+    the module docstring (ordered workspace, or fp32 atomics when ATOMIC). The Gluon twin of
+    `decode.store_or_reduce`, which a Gluon kernel cannot call: it builds tensors without layouts."""
     R: gl.constexpr = acc.shape[0]
     BM: gl.constexpr = acc.shape[1]
     alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
@@ -243,20 +243,16 @@ def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws
 # ---------------------------------------------------------------------------------------------------------
 # Host side.
 
-CHUNKS = (128, 256, 512)  # K codes per step: 64-256 bytes of each weight row (16-64 per thread)
+CHUNKS = (128, 256)  # K codes per step: 64 or 128 bytes of each weight row (16 or 32 per thread), both GPU-tested
 # A program stages its split's activations in shared memory: block_m x K / split_k x 2 bytes, at most 64 KiB
 # (K / split_k <= 2048 at 16 rows, 1024 at 32).
 STAGED_BYTES = 64 * 1024
-MAX_STAGES = 8  # the ring: up to 8 x 16 KiB at 128 rows and 512-code chunks, beside the activations
+MAX_STAGES = 8  # the ring: up to 8 x 16 KiB at 128 rows and 256-code chunks, beside the activations
 # Programs to aim for, about 7 per SM (H100, N=7168, K=4096, kernel time, 2026-11-23, M = 1 / 16, 3 stages:
 # 112 N tiles x 8 splits of 2 chunks, 12.7 / 15.6 us; x 16 splits of 1 chunk, 13.5 / 17.7 us; x 4 splits of 4
 # chunks, 14.5 / 16.4 us; programs looping over 2-7 N tiles (528 or 264 programs), 14.0-17.9 / 16.0-31.7 us;
 # 4 or 6 stages, slower again).
 _TARGET_PROGRAMS = 896
-
-
-def supports(p: GemmProblem) -> bool:
-    return (p.a_kind, p.b_kind) in SUPPORTED and not p.b_batched and p.batch * p.m <= MAX_ROWS
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
@@ -297,6 +293,10 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
                       split_k=split, kernel="decode_wgmma")
 
 
+# The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
+TAKES_TENSOR_SCALES = True
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability: int, a_ts=None, b_ts=None) -> jax.Array:
     """The decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype. `alpha` (1,) is used
@@ -319,8 +319,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         zeroed_outputs=zeroed, grid=(n_tiles, split), num_warps=config.num_warps, num_stages=config.num_stages,
         compute_capability=compute_capability, name=f"decode_wgmma_bf16_{p.b_kind}", maxnreg=config.max_registers,
         M=rows, N=p.n, K=p.k, BM=config.block_m, GROUP=16 if p.b_kind == NVFP4 else 32, CHUNK=config.block_k,
-        SPLIT_K=split,
-        STAGES=config.num_stages,
-        ATOMIC=bool(config.atomic_split_k), WIDE=p.n * (p.k // 2) >= _INT32_LIMIT,
+        SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
+        WIDE=p.n * (p.k // 2) >= _INT32_LIMIT,
     )
     return out.reshape(p.batch, p.m, p.n)

@@ -219,6 +219,10 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
             raise ValueError(f"fp8_mma promotes once per MX block: block_k must be 32, got {config.block_k}")
 
 
+# The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
+TAKES_TENSOR_SCALES = True
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability: int, a_ts=None,
            b_ts=None) -> jax.Array:
