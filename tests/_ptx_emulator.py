@@ -1,8 +1,8 @@
 """A NumPy emulator of the few PTX instructions this package's inline assembly uses, so CPU tests can run it.
 
 Instructions: mov.b32 (immediate, unpacking into two .b16 registers `{lo, hi}`, or packing two into one),
-prmt.b32 (default mode), shr/shl/and/or/xor.b32 and add/sub.u32 (register or immediate), fma.rn.bf16x2,
-cvt.f32.f16, cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32. Registers are uint32 arrays (one lane per pack). bf16x2
+prmt.b32 (default mode), shr/shl/and/or/xor.b32, add/sub/max.u32 (register or immediate), abs/min/add.f32
+(float32, subnormals kept, PTX's NaN rules), fma.rn.bf16x2, cvt.f32.f16, cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32. Registers are uint32 arrays (one lane per pack). bf16x2
 arithmetic is done in float64 and rounded to bf16 (nearest-even, subnormals kept, as PTX's bf16 fma, which
 has no .ftz form); the caller must run this where NumPy keeps float subnormals (not on an XLA:CPU callback
 thread).
@@ -51,6 +51,10 @@ def _cvt_fp8(kind: str, reg: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), FP8_NAN_CODE[kind], code).astype(np.uint32)
 
 
+def _f32(reg: np.ndarray) -> np.ndarray:
+    return np.asarray(reg, np.uint32).view(np.float32)
+
+
 def _bf16_halves(reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo = ((reg & 0xFFFF) << 16).astype(np.uint32).view(np.float32)
     hi = (reg & 0xFFFF0000).astype(np.uint32).view(np.float32)
@@ -82,6 +86,8 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
         token = token.strip()
         if token in regs:
             return regs[token]
+        if token[:2] in ("0f", "0F"):  # a float32 immediate by its bits
+            return np.full(shape, int(token[2:], 16), np.uint32)
         return np.full(shape, int(token, 0), np.uint32)
 
     for statement in re.split(r"[;\n]", asm):
@@ -116,6 +122,19 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
             result = value(srcs[0]) | value(srcs[1])
         elif op == "xor.b32":
             result = value(srcs[0]) ^ value(srcs[1])
+        elif op == "max.u32":
+            result = np.maximum(value(srcs[0]), value(srcs[1]))
+        elif op == "abs.f32":  # clears the sign bit, NaN included (PTX: abs of NaN is a NaN)
+            result = value(srcs[0]) & np.uint32(0x7FFFFFFF)
+        elif op == "min.f32":  # PTX: one NaN operand gives the other; both NaN give a NaN; -0 < +0
+            a, b = (_f32(value(t)) for t in srcs)
+            with np.errstate(invalid="ignore"):
+                r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, np.where((a == b) & (a == 0),
+                             np.where(np.signbit(a), a, b), np.minimum(a, b))))
+            result = r.astype(np.float32).view(np.uint32)
+        elif op in ("add.f32", "add.rn.f32"):  # float32 RNE, subnormals kept (no .ftz)
+            with np.errstate(over="ignore", invalid="ignore"):
+                result = (_f32(value(srcs[0])) + _f32(value(srcs[1]))).view(np.uint32)
         elif op == "add.u32":
             result = value(srcs[0]).astype(np.uint64) + value(srcs[1])
         elif op == "sub.u32":

@@ -65,13 +65,16 @@ def _encode_signed(bits, sign, MBITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_B
                    NBITS: tl.constexpr):
     """`_encode` of the float32 bit pattern `bits`, whose sign is taken from `sign` (0 / 1) instead."""
     sign = sign.to(tl.uint8)
-    m = tl.minimum(bits & 0x7FFFFFFF, tl.full(bits.shape, MAX_BITS, tl.uint32))
+    # Constants as uint32 tensors built from `bits` (not tl.full): shaped and, in Gluon, laid out like it,
+    # so the Gluon kernels call this too; LLVM folds them.
+    zero = bits & 0
+    m = tl.minimum(bits & 0x7FFFFFFF, zero | MAX_BITS)
     DROP: tl.constexpr = 23 - MBITS
     rounded = (m + ((1 << (DROP - 1)) - 1) + ((m >> DROP) & 1)) >> DROP
     normal = rounded - ((127 + MIN_EXP - 1) << MBITS)
     MAGIC_EXP: tl.constexpr = MIN_EXP - MBITS + 23
     MAGIC_BITS: tl.constexpr = (MAGIC_EXP + 127) << 23
-    magic = tl.full(bits.shape, MAGIC_BITS, tl.uint32).to(tl.float32, bitcast=True)
+    magic = (zero | MAGIC_BITS).to(tl.float32, bitcast=True)
     sub = (m.to(tl.float32, bitcast=True) + magic).to(tl.uint32, bitcast=True) - MAGIC_BITS
     SMALLEST_NORMAL: tl.constexpr = (MIN_EXP + 127) << 23
     magnitude = tl.where(m < SMALLEST_NORMAL, sub, normal).to(tl.uint8)
@@ -120,6 +123,76 @@ def _fp8_cvt_ptx(mbits: int) -> str:
 
 _E4M3_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(3))
 _E5M2_CVT_PTX = tl.constexpr(_fp8_cvt_ptx(2))
+
+
+def _e2m1_pairs_ptx() -> str:
+    """PTX for `tl.inline_asm_elementwise(pack=4)` on four float32 operands (low values, high values, their
+    sign sources): 4 pairs in $1..$4 (low), $5..$8 (high), $9..$12 and $13..$16 (sign sources) -> 4 bytes in
+    $0, byte i = code(low i) | code(high i) << 4 (two e2m1 codes per byte, the even element in the low
+    nibble), each code equal to `_encode`'s (`elements.encode`: RNE, saturating, NaN to the largest
+    magnitude) with the sign taken from its sign source, as `_encode_signed`. Plain PTX (no fp4 conversion
+    before sm_100a): any NVIDIA target. Byte i depends on the operands' elements i only, whichever elements
+    the compiler packs together.
+
+    Per element, a = min(|x|, 6) (PTX min returns the non-NaN operand: NaN and +-Inf saturate to 6), then
+    one float add rounds a to e2m1's grid: m = 2**max(e(a) + 22, 22), whose ulp is e2m1's step in a's binade
+    (0.5 below 2, 1 in [2, 4), 2 in [4, 8); below 1 the subnormal step 0.5), so t = RN(a + m) = m + k * ulp
+    with k = RNE(a / ulp) <= 4 and bits(t) - bits(m) = k. A tie rounds k to even, which is e2m1's even code:
+    k counts codes from 2 * max(e(a), 0) (the binade's first code), so code = k + 2 * max(e(a), 0) =
+    bits(t) - bits(m) + (bits(m) >> 22) - 298, with 298 = bits(2**22) >> 22. Then per pair one shift-add,
+    per 4 pairs 3 prmt for the bytes and 3 prmt and two masks per sign nibble: ~9 operations per element,
+    against ~15 for `_encode_signed` plus Triton's byte unpacking and repacking of the pairs (~5 per pair)
+    on sm_90."""
+    def code(src: str, dst: str) -> str:
+        return (f"abs.f32 a, {src};\n"
+                "min.f32 a, a, 0f40C00000;\n"
+                "and.b32 e, a, 0x7F800000;\n"
+                "add.u32 m, e, 0x0B000000;\n"       # bits(2**22 * 2**e(a)): exponent field + 22
+                "max.u32 m, m, 0x4A800000;\n"       # at least 2**22 (a < 1: the subnormal step)
+                "add.f32 t, a, m;\n"
+                "shr.b32 u, m, 22;\n"
+                "sub.u32 u, u, m;\n"
+                "add.u32 u, u, 0xFFFFFED6;\n"       # -298
+                f"add.u32 {dst}, t, u;\n")
+    body = []
+    for i in range(4):
+        body.append(code(f"${1 + i}", f"p{i}") + code(f"${5 + i}", "h") + "shl.b32 h, h, 4;\n"
+                    f"add.u32 p{i}, p{i}, h;\n")
+    return ("{\n.reg .b32 a, e, m, t, u, h, p0, p1, p2, p3, s, v;\n" + "".join(body)
+            + "prmt.b32 p0, p0, p1, 0x0040;\n"   # [p0, p1, -, -]
+            "prmt.b32 p2, p2, p3, 0x0040;\n"
+            "prmt.b32 p0, p0, p2, 0x5410;\n"      # [p0, p1, p2, p3]
+            "prmt.b32 s, $9, $10, 0x0073;\n"      # the low sign sources' top bytes
+            "prmt.b32 v, $11, $12, 0x0073;\n"
+            "prmt.b32 s, s, v, 0x5410;\n"
+            "shr.b32 s, s, 4;\n"
+            "and.b32 s, s, 0x08080808;\n"         # bit 3: the low code's sign
+            "or.b32 p0, p0, s;\n"
+            "prmt.b32 s, $13, $14, 0x0073;\n"     # the high sign sources' top bytes
+            "prmt.b32 v, $15, $16, 0x0073;\n"
+            "prmt.b32 s, s, v, 0x5410;\n"
+            "and.b32 s, s, 0x80808080;\n"         # bit 7: the high code's sign
+            "or.b32 $0, p0, s;\n}")
+
+
+_E2M1_PAIRS_PTX = tl.constexpr(_e2m1_pairs_ptx())
+
+
+@triton.jit
+def _encode_e2m1_pairs(lo, hi, lo_sign, hi_sign, CVT: tl.constexpr):
+    """Bytes (uint8, shaped like lo) of e2m1 code pairs: code(lo) | code(hi) << 4, each with its sign source's
+    sign (`_encode_signed`): `_e2m1_pairs_ptx` where the plan allows NVIDIA inline PTX (CVT == "hw"), else
+    the integer encoder."""
+    if CVT == "hw":
+        packed = tl.inline_asm_elementwise(_E2M1_PAIRS_PTX, "=r" + ",r" * 16, [lo, hi, lo_sign, hi_sign],
+                                           dtype=tl.uint8, is_pure=True, pack=4)
+    else:
+        low = _encode_signed(lo.to(tl.uint32, bitcast=True), lo_sign.to(tl.uint32, bitcast=True) >> 31,
+                             1, 0, 0x40C00000, 4)
+        high = _encode_signed(hi.to(tl.uint32, bitcast=True), hi_sign.to(tl.uint32, bitcast=True) >> 31,
+                              1, 0, 0x40C00000, 4)
+        packed = low | (high << 4)
+    return packed
 
 
 @triton.jit
@@ -339,6 +412,33 @@ def _block_amax(x, TH: tl.constexpr, TW: tl.constexpr, BR: tl.constexpr, BC: tl.
 
 
 @triton.jit
+def _nvfp4_block_scale(amax, bad, ts):
+    """quantize._quantize_nvfp4's per-block parts from the block amax (float32), `bad` (NaN/Inf in the
+    block) and the float32 tensor scale ts: (the stored e4m3 scale code, uint8; the element divisor
+    RN32(scale * ts), float64). The block scale is e4m3(RN32(RN32(amax / 6) / ts)) and elements are
+    RN32(x * (1 / divisor)) in float64, zero where that reciprocal is infinite. The two quotients are formed
+    as products with float64 reciprocals: by quantize.py's lemma any float64 value within 2**-50 of the
+    quotient rounds (RN32) to the same float32, and `_rn32` follows each."""
+    ts64 = _widen(ts)
+    ts64 = tl.where(ts64 == 0, 1.0, ts64)
+    block_in = _rn32(_rn32(_widen(amax) * (1.0 / 6.0)) * (1.0 / ts64))
+    scale_code = _encode(block_in.to(tl.float32), 3, -6, 0x43E00000, 8)
+    scale_code = tl.where(bad, 0x7F, scale_code).to(tl.uint8)
+    return scale_code, _rn32(_e4m3_value(scale_code).to(tl.float64) * ts64)
+
+
+@triton.jit
+def _mx_block_scale(amax_bits, amax, bad, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
+                    ROUNDING: tl.constexpr):
+    """quantize._quantize_mx's per-block parts: (the stored e8m0 scale, uint8, 0xFF for a block with
+    NaN/Inf; the float32 factor 2**-E that scales the elements, an exact multiply)."""
+    e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
+    e = tl.where(amax == 0, -127, e)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    return tl.where(bad, 0xFF, e + 127).to(tl.uint8), _exp2_bits(-tl.minimum(e, 126))
+
+
+@triton.jit
 def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr,
                      BR: tl.constexpr, BC: tl.constexpr, MBITS: tl.constexpr, MIN_EXP: tl.constexpr,
                      MAX_BITS: tl.constexpr, NBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
@@ -352,18 +452,7 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
     bad = amax_bits >= 0x7F800000
     x4 = _blocked(x, TH, TW, BR, BC)
     if KIND == "nvfp4":
-        # quantize._quantize_nvfp4: block scale e4m3(RN32(RN32(amax / 6) / ts)), elements
-        # RN32(x * (1 / RN32(scale * ts))) in float64, zero where that reciprocal is infinite. The two
-        # quotients are formed as products with float64 reciprocals: by quantize.py's lemma any float64
-        # value within 2**-50 of the quotient rounds (RN32) to the same float32, and `_rn32` follows each.
-        ts64 = _widen(ts)
-        ts64 = tl.where(ts64 == 0, 1.0, ts64)
-        block_in = _rn32(_rn32(_widen(amax) * (1.0 / 6.0)) * (1.0 / ts64))
-        scale_code = _encode(block_in.to(tl.float32), 3, -6, 0x43E00000, 8)
-        scale_code = tl.where(bad, 0x7F, scale_code).to(tl.uint8)
-        scale_value = _e4m3_value(scale_code)
-        denom = _rn32(scale_value.to(tl.float64) * ts64)
-        scales = scale_code
+        scales, denom = _nvfp4_block_scale(amax, bad, ts)
         if DIV == "f32":
             c, d_s, y, z = _quotient_parts(denom.to(tl.float32), True)
             scaled, sign_src = _quotient(x4, c, d_s, y, z, TH, TW)
@@ -384,13 +473,8 @@ def _quantize_blocks(x, ts, KIND: tl.constexpr, ROUNDING: tl.constexpr, TH: tl.c
             scaled = (x4.to(tl.float64) * _spread(recip, TH, TW)).to(tl.float32)
             sign_src = scaled
     else:
-        # quantize._quantize_mx: x * 2**-E, an exact float32 multiply.
-        e = _mx_exponent(amax_bits, amax, MBITS, EMAX, CMANT, ROUNDING)
-        e = tl.where(amax == 0, -127, e)
-        e = tl.minimum(tl.maximum(e, -127), 127)
-        factor = _exp2_bits(-tl.minimum(e, 126))
+        scales, factor = _mx_block_scale(amax_bits, amax, bad, MBITS, EMAX, CMANT, ROUNDING)
         scaled = x4 * _spread(factor, TH, TW)
-        scales = tl.where(bad, 0xFF, e + 127).to(tl.uint8)
         sign_src = scaled
     codes = _encode_elements(scaled, sign_src, CVT, MBITS, MIN_EXP, MAX_BITS, NBITS)
     return tl.reshape(codes, (BR, BC)), scales
