@@ -8,12 +8,14 @@
     python -m benchmarks.quant_variants --cases fp8_1x128+T,mxfp8+T --default-plan --strips 1,2,4 --warps 4,8
     python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --default-plan --gluon   # + Gluon
     python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --gluon-variants --modes none
+    python -m benchmarks.quant_variants --cases mxfp8+T,nvfp4,nvfp4+T --default-plan --gluon   # MX Gluon
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
 the row side's codes transposed ("reuse", square fp8 tiles on both sides), each side in one pass over the
-tile or in `strips` passes over strips of it (plan's strips=); with --gluon, also the Gluon kernel
-(`_triton/quantize_fp8_gluon.py`, mode "gluon") for the cases it takes. Every variant's outputs are first
+tile or in `strips` passes over strips of it (plan's strips=); with --gluon, also the Gluon kernel that
+takes the case (`_triton/quantize_fp8_gluon.py` for fp8 1x128 + transposed, `_triton/quantize_mx_gluon.py`
+for MX / nvfp4 sides; mode "gluon"), with --gluon-variants its launch variants. Every variant's outputs are first
 compared bit for bit with the jnp quantizer run on the same device (`quantize_primitive._reference`); a
 variant that differs is reported and not timed. Rate: ideal bytes (input read once + every output written)
 per second of kernel time (CUPTI, `_kernel_time`), as a fraction of the `x * 2` pass's rate (bf16 read +
@@ -41,6 +43,7 @@ import numpy as np  # noqa: E402
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale import quantize_primitive as qp  # noqa: E402
 from jax_blockscale._triton import quantize_fp8_gluon as qg  # noqa: E402
+from jax_blockscale._triton import quantize_mx_gluon as qm  # noqa: E402
 from jax_blockscale._triton import quantize_kernels as qk  # noqa: E402
 from jax_blockscale.formats import get_format  # noqa: E402
 
@@ -59,6 +62,7 @@ CASES = {  # label -> (row format, column format); nvfp4 sides get the tensor sc
     "fp8_128x128+T": (FP8_128, FP8_128),
     "fp8_1x128+128T": (FP8_1x128, FP8_128),  # fp8_deepseek's activations: x^T as a 128 x 128 weight tile
     "nvfp4+mxfp8T": (get_format("nvfp4"), get_format("mxfp8")),  # the nvfp4 recipe's activations
+    "mxfp4+T": (get_format("mxfp4"), get_format("mxfp4")),
 }
 TILES = ((16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64), (128, 128))
 
@@ -67,8 +71,8 @@ def _nbytes(shapes) -> int:
     return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes if s != (1,))
 
 
-# The Gluon kernel's variants: launch settings (`quantize_fp8_gluon.CONFIGS` keys) over its defaults, {} = the
-# defaults; --gluon-variants times all of these.
+# The Gluon fp8 kernel's variants: launch settings (`quantize_fp8_gluon.CONFIGS` keys) over its defaults, {} =
+# the defaults; --gluon-variants times all of these.
 GLUON_VARIANTS = [{}] + [dict(num_warps=w, column_thread_tile=ct, row_thread_columns=rc) for w, ct, rc in (
     (4, (16, 2), 16), (8, (16, 2), 16), (8, (16, 2), 32), (8, (32, 1), 16), (8, (32, 1), 32), (4, (32, 1), 32),
     (8, (16, 4), 32), (16, (16, 2), 16), (8, (8, 4), 16))] + [
@@ -76,13 +80,47 @@ GLUON_VARIANTS = [{}] + [dict(num_warps=w, column_thread_tile=ct, row_thread_col
     for ct, rc in (((32, 1), 32), ((16, 2), 16)) for m in (64, 80)]
 
 
+def gluon_mx_variants(row, col) -> list[dict]:
+    """The Gluon MX / nvfp4 kernel's launch variants for a pair (`quantize_mx_gluon.CONFIG_KEYS`), {} first
+    (the defaults): warps; with a column side, its lanes along consecutive blocks (the tile one pass of
+    them high), columns per thread and one or two strips wide; without, 16-64 rows by 128 or 256 columns;
+    without a column side, the row side's columns per thread (one or two blocks); then the defaults under
+    register caps."""
+    rs, cs = qk.Side(row), qk.Side(col)
+    base = qm.default_config(rs, cs)
+    row_cols = sorted({row.block, 32}) if row is not None and col is None else (32,)
+    shapes = []  # (tile, column lanes, column columns per thread) per warp count
+    for w in (4, 8):
+        if col is None:
+            shapes += [(w, (tr, tc), base["column_block_lanes"], base["column_thread_columns"])
+                       for tr in (16, 32, 64) for tc in (128, 256)]
+            continue
+        for cl, cc, strips in itertools.product((2, 4, 8), (1, 2), (1, 2)):
+            shapes.append((w, (col.block * cl, (32 // cl) * cc * w * strips), cl, cc))
+    out = [{}]
+    for (w, tile, cl, cc), rt in itertools.product(shapes, row_cols):
+        cfg = dict(num_warps=w, tile=tile, row_thread_columns=rt, column_thread_columns=cc, column_block_lanes=cl)
+        try:
+            qm.check_config(rs, cs, {**base, **cfg})
+        except ValueError:
+            continue
+        if {**base, **cfg} != base:
+            out.append(cfg)
+    return out + [dict(maxnreg=m) for m in (64, 80)]  # the defaults, more programs per SM
+
+
+def _gluon_module(row, col):
+    module, _ = qp._gluon_kernel((8192, 8192), jnp.bfloat16, (row, "rceil"), (col, "rceil"), 90)
+    return module
+
+
 def _launcher(shape, row, col, variant):
     """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
     if isinstance(variant, dict):  # a Gluon variant
         p = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
-        run = functools.partial(qg.launch, row=qk.Side(row), col=qk.Side(col), out_shapes=p.out_shapes,
-                                compute_capability=90, **variant)
-        return jax.jit(lambda x, ts: run(x[None])), p
+        run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90,
+                                kernel="gluon", **variant)
+        return jax.jit(lambda x, ts: run(x[None], ts)), p
     mode, tile, warps, div, cvt, words, strips = variant
     overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words, strips=strips)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
@@ -166,19 +204,27 @@ def main() -> None:
         else:
             tiles_c, warps_c, modes_c = tiles, warps, modes
         todo = variants(row, col, modes_c, tiles_c, warps_c, divs, cvts, words, strips)
-        if ((args.gluon or args.gluon_variants)
-                and qp.fused_kernel(shape, jnp.bfloat16, (row, "rceil"), (col, "rceil"), 90) == "gluon"):
-            todo = (GLUON_VARIANTS if args.gluon_variants else GLUON_VARIANTS[:1]) + todo
+        module = _gluon_module(row, col)
+        if (args.gluon or args.gluon_variants) and module is not None:
+            every = GLUON_VARIANTS if module is qg else gluon_mx_variants(row, col)
+            todo = (every if args.gluon_variants else every[:1]) + todo
         for variant in todo:
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
                 break
-            if isinstance(variant, dict):
+            if isinstance(variant, dict) and module is qg:
                 cfg = {**qg.CONFIGS[col.tile[0]], **variant}
                 shape_ = "x".join(map(str, cfg["column_thread_tile"]))
                 cap = f", maxnreg {cfg['maxnreg']}" if cfg["maxnreg"] else ""
                 head = (f"| {label} | gluon{'' if variant else ' (default)'} cols {shape_}, rows 1x"
                         f"{cfg['row_thread_columns']}{cap} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
+            elif isinstance(variant, dict):
+                cfg = {**qm.default_config(qk.Side(row), qk.Side(col)), **variant}
+                cols_ = (f", cols {col.block}x{cfg['column_thread_columns']} {cfg['column_block_lanes']} lanes"
+                         if col is not None else "")
+                cap = f", maxnreg {cfg['maxnreg']}" if cfg["maxnreg"] else ""
+                head = (f"| {label} | gluon-mx{'' if variant else ' (default)'} rows 1x{cfg['row_thread_columns']}"
+                        f"{cols_}{cap} | {cfg['tile'][0]}x{cfg['tile'][1]} | {cfg['num_warps']} | f32 | hw | - | - |")
             else:
                 mode, tile, w, div, cvt, tw, st = variant
                 head = (f"| {label} | {mode or '-'} | {tile[0]}x{tile[1]} | {w} | {div} | {cvt} | "

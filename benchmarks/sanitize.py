@@ -152,18 +152,22 @@ def run_quantize(small: bool) -> list[str]:
             print(f"{'ok  ' if same else 'FAIL'} quantize  {label:<22} {name} {block or ''} {shape}: bit-identical {same}")
             if not same:
                 failures.append(f"quantize/{name}/{label}")
-    # fp8_deepseek's activations: 1 x 128 rows with x^T in 128 x 128 tiles (the Gluon kernel on sm_90+, as
-    # is fp8_block (1, 128) with its transposed side above).
-    rows, tiles = jb.get_format("fp8_block", block=(1, 128)), jb.get_format("fp8_block", block=(128, 128))
-    row, col = jax.block_until_ready(jax.jit(lambda v: jb.quantize_with_transpose(v, rows, tiles))(x))
-    ref_row = jax.jit(lambda v: quantize_jnp(v, rows, axis=-1, rounding="rceil"))(x)
-    ref_col = jax.jit(lambda v: quantize_jnp(v.T, tiles, axis=-1, rounding="rceil"))(x)
-    for label, got, ref in (("row", row, ref_row), ("transposed 128x128", col, ref_col)):
-        same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8), np.asarray(getattr(ref, f)).view(np.uint8))
-                   for f in ("values", "scales"))
-        print(f"{'ok  ' if same else 'FAIL'} quantize  1x128 + 128x128T {label:<18} {shape}: bit-identical {same}")
-        if not same:
-            failures.append(f"quantize/fp8_1x128+128T/{label}")
+    # Mixed pairs: fp8_deepseek's activations, 1 x 128 rows with x^T in 128 x 128 tiles (the Gluon fp8 kernel on
+    # sm_90+, as is fp8_block (1, 128) with its transposed side above), and the nvfp4 recipe's, nvfp4 rows with
+    # mxfp8 x^T (the Gluon MX kernel, as are the MX and nvfp4 pairs above).
+    for row_fmt, col_fmt, label in ((jb.get_format("fp8_block", block=(1, 128)),
+                                     jb.get_format("fp8_block", block=(128, 128)), "1x128 + 128x128T"),
+                                    (jb.get_format("nvfp4"), jb.get_format("mxfp8"), "nvfp4 + mxfp8T")):
+        row, col = jax.block_until_ready(jax.jit(lambda v: jb.quantize_with_transpose(v, row_fmt, col_fmt))(x))
+        ts = (lambda v: nvfp4_tensor_scale(v)) if row_fmt.name == "nvfp4" else (lambda v: None)
+        ref_row = jax.jit(lambda v: quantize_jnp(v, row_fmt, axis=-1, rounding="rceil", tensor_scale=ts(v)))(x)
+        ref_col = jax.jit(lambda v: quantize_jnp(v.T, col_fmt, axis=-1, rounding="rceil"))(x)
+        for side, got, ref in (("row", row, ref_row), ("transposed", col, ref_col)):
+            same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8),
+                                      np.asarray(getattr(ref, f)).view(np.uint8)) for f in ("values", "scales"))
+            print(f"{'ok  ' if same else 'FAIL'} quantize  {label} {side:<12} {shape}: bit-identical {same}")
+            if not same:
+                failures.append(f"quantize/{label}/{side}")
     return failures
 
 

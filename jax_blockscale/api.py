@@ -302,11 +302,16 @@ def quantizer(fmt: FormatLike, target: Optional[str] = None, *, block: Optional[
     if why_not is not None:
         return f"jnp quantizer (XLA): {why_not}"
     fmt = get_format(fmt, block=block)
-    how = ("one-pass kernel (_triton/quantize_kernels.py, bit-identical to the jnp quantizer); the jnp "
-           "quantizer in programs partitioned over several devices")
-    side = (fmt, "rceil")
-    if quantize_primitive.fused_kernel((128, 128), "bfloat16", side, side,
-                                       primitive._compute_capability(target)) == "gluon":
-        how += ("; with its transposed 1x128 or 128x128 side (quantize_with_transpose, the fp8_deepseek "
-                "recipe): the Gluon kernel _triton/quantize_fp8_gluon.py")
-    return how
+    side, cc = (fmt, "rceil"), primitive._compute_capability(target)
+
+    def kernel_file(col) -> str:
+        module, _ = quantize_primitive._gluon_kernel((128, 128), "bfloat16", side, col, cc)
+        if quantize_primitive.fused_kernel((128, 128), "bfloat16", side, col, cc) == "gluon":
+            return f"the Gluon kernel _triton/{module.__name__.rsplit('.', 1)[-1]}.py"
+        return "_triton/quantize_kernels.py"
+
+    alone, paired = kernel_file((None, "rceil")), kernel_file(side)
+    how = f"one-pass kernel ({alone}, bit-identical to the jnp quantizer)"
+    if paired != alone:
+        how += f"; with its transposed side (quantize_with_transpose, the recipes): {paired}"
+    return how + "; the jnp quantizer in programs partitioned over several devices"

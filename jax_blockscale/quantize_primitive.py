@@ -123,39 +123,51 @@ def _gpu_lowering(ctx, x, ts, *, row, col):
 KERNELS = ("gluon", "triton")
 
 
-def _gluon_why_not(x_shape, x_dtype, row, col, compute_capability) -> Optional[str]:
-    from ._triton import quantize_fp8_gluon
+def _gluon_kernel(x_shape, x_dtype, row, col, compute_capability):
+    """(the `_triton` module of the Gluon kernel that computes this pair, None), or (None, why none does)."""
+    from ._triton import quantize_fp8_gluon, quantize_mx_gluon
 
-    return quantize_fp8_gluon.why_not(x_shape, x_dtype, *_sides(row, col), compute_capability)
+    reasons = []
+    for module in (quantize_fp8_gluon, quantize_mx_gluon):
+        why = module.why_not(x_shape, x_dtype, *_sides(row, col), compute_capability)
+        if why is None:
+            return module, None
+        reasons.append(f"{module.__name__.rsplit('.', 1)[-1]}: {why}")
+    return None, "; ".join(reasons)
 
 
 def fused_kernel(x_shape, x_dtype, row, col, compute_capability) -> str:
-    """Which kernel quantizes this (row, column) pair on the GPU: "gluon" (`_triton/quantize_fp8_gluon.py`:
-    fp8 1 x 128 with its transposed 1 x 128 or 128 x 128 side on sm_90+, the fp8_deepseek recipe's
-    activations and gradients) where it applies, else "triton" (`quantize_kernels.quantize_kernel`)."""
-    return "gluon" if _gluon_why_not(x_shape, x_dtype, row, col, compute_capability) is None else "triton"
+    """Which kernel quantizes this (row, column) pair on the GPU by default: "gluon" where a Gluon kernel
+    computes it and is the measured faster one (`_triton/quantize_fp8_gluon.py`: fp8 1 x 128 with its
+    transposed 1 x 128 or 128 x 128 side, the fp8_deepseek recipe's activations and gradients;
+    `_triton/quantize_mx_gluon.py`: the MX / nvfp4 pairs its `preferred` names), else "triton"
+    (`quantize_kernels.quantize_kernel`)."""
+    module, _ = _gluon_kernel(x_shape, x_dtype, row, col, compute_capability)
+    return "gluon" if module is not None and module.preferred(*_sides(row, col)) else "triton"
 
 
 def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
     """The fused quantization of x (..., R, C). kernel: "gluon" / "triton" / None (`fused_kernel`'s
-    choice; the Triton kernel when `overrides` tune its plan); overrides: `quantize_kernels.plan`'s."""
-    from ._triton import jt, quantize_fp8_gluon
+    choice; the Triton kernel when `overrides` tune its plan); overrides: `quantize_kernels.plan`'s, or with
+    kernel="gluon" the Gluon kernel's launch settings (benchmarks/quant_variants.py)."""
+    from ._triton import jt
     from ._triton.quantize_kernels import default_cvt, quantize_kernel
 
     if kernel is None:
         kernel = "triton" if overrides else fused_kernel(x.shape, x.dtype, row, col, compute_capability)
-    elif kernel == "gluon":
-        why = _gluon_why_not(x.shape, x.dtype, row, col, compute_capability)
-        if why:
-            raise ValueError(f"the Gluon quantization kernel does not apply: {why}")
-    elif kernel != "triton":
+    if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
-    overrides.setdefault("cvt", default_cvt(compute_capability))
-    p = _plan(x.shape, row, col, **overrides)
+    cvt = overrides.pop("cvt", default_cvt(compute_capability))
     x3 = x.reshape((-1,) + x.shape[-2:])
     if kernel == "gluon":
-        return quantize_fp8_gluon.launch(x3, *_sides(row, col), p.out_shapes, compute_capability)
+        module, why = _gluon_kernel(x.shape, x.dtype, row, col, compute_capability)
+        if module is None:
+            raise ValueError(f"the Gluon quantization kernel does not apply: {why}")
+        p = _plan(x.shape, row, col, cvt=cvt)
+        return module.launch(x3, ts, *_sides(row, col), p.out_shapes, compute_capability, cvt=cvt,
+                             **overrides)
+    # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
+    p = _plan(x.shape, row, col, cvt=cvt, **overrides)
     outs = jt.call(
         quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in p.out_shapes],

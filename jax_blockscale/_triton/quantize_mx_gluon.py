@@ -1,0 +1,314 @@
+"""MX (every element type and rounding) and nvfp4 quantization, optionally with the transposed side, in one
+pass, in Gluon (NVIDIA sm_90+): the mxfp8 / nvfp4 recipes' activations and gradients.
+
+`quantize_kernels.quantize_kernel` computes the same bits, but Triton picks one register layout for the
+program's tile, coalesced along x's rows. The column side's blocks (32 or 16 rows of one column) then sit
+one element per thread across lanes and warps: every column amax is a cross-thread reduction, every thread
+redoes its column's per-block scale for a single element, and 4-bit codes cross threads to pair up (H100,
+bf16 8192^2, kernel time against an `x * 2` pass counting ideal bytes: mxfp8 + transposed 0.71x, nvfp4 +
+transposed 0.25x, nvfp4 + transposed mxfp8 0.53x; nvfp4 alone 0.58x).
+
+Gluon lets each side read the tile in its own layout, so every block lives in one thread:
+
+    rows     BlockedLayout([1, RT / RB, RB], ...)      over (rows, blocks, RB): a thread holds RT consecutive
+                                                       columns of a row, RT / RB whole row blocks (RB: 32
+                                                       MX, 16 nvfp4); amax, scale and 4-bit pairs stay in
+                                                       it; 16-byte loads.
+    columns  BlockedLayout([1, CB, CC], [CL, 1, ..])   over (CL blocks, CB rows, columns): a thread holds one
+                                                       column block (CB rows) of CC adjacent columns; CL
+                                                       lanes hold consecutive blocks of the same columns,
+                                                       the other lanes and the warps lie along the columns.
+                                                       Stored with the rows first in registers (the same
+                                                       ownership: no data moves), so a thread's codes of a
+                                                       column are consecutive bytes of x^T's row, and the
+                                                       CL lanes' are adjacent: 32-64 contiguous bytes per
+                                                       x^T row in each store (one lane per block row wrote
+                                                       16-byte pieces to 32 rows per store: 0.54x).
+
+The column side reads the tile a second time (an L1/L2 hit: DRAM still sees one read of x). Nothing goes
+through shared memory. The arithmetic is quantize_kernels' (`_mx_block_scale`, `_nvfp4_block_scale`, the
+float32 quotient `_quotient_parts` / `_quotient_signed` for nvfp4, `_encode_elements` for 6- and 8-bit
+codes), with e2m1 pairs encoded by `_encode_e2m1_pairs` (one float add per element rounds to e2m1's grid;
+pairs packed into bytes in the same inline PTX), all bit-identical to the jnp quantizer (quantize.py).
+H100 (2026-11-23, same units, `CONFIGS`): mxfp8 + transposed 0.84x, nvfp4 alone 0.85x, nvfp4 + transposed
+mxfp8 0.77x, mxfp4 + transposed 0.76x, nvfp4 + transposed 0.53x (both sides' element arithmetic, ~28 SASS
+instructions per element and side, bounds it: the kernel issues instructions, not bytes).
+tests/test_gpu_quantize_mx_gluon.py compares the bits on the GPU with the jnp quantizer's and the Triton
+kernel's; tests/test_lowering_quantize_mx_gluon.py checks dispatch and instructions on the CPU (Gluon
+kernels do not run in Triton's interpreter); tests/test_e2m1_ptx.py checks the e2m1 encoder through a PTX
+emulator.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from . import launch as scratch
+from .quantize_kernels import (_encode_e2m1_pairs, _encode_elements, _mx_block_scale, _nvfp4_block_scale,
+                               _quotient_parts, _quotient_signed, _side_constexprs)
+
+
+@gluon.jit
+def _scaled(x, amax_bits, ts, AXIS: gl.constexpr, KIND: gl.constexpr, ROUNDING: gl.constexpr,
+            MBITS: gl.constexpr, EMAX: gl.constexpr, CMANT: gl.constexpr):
+    """(elements to encode, their sign sources: float32 shaped like x; stored scales shaped like amax_bits)
+    of x's blocks along AXIS, whose amax bit patterns (sign cleared) are amax_bits; ts: the nvfp4 tensor
+    scale (float32 scalar)."""
+    amax = amax_bits.to(gl.float32, bitcast=True)
+    bad = amax_bits >= 0x7F800000
+    if KIND == "nvfp4":
+        scales, denom = _nvfp4_block_scale(amax, bad, ts)
+        c, d_s, y, z = _quotient_parts(denom.to(gl.float32), True)
+        scaled, sign_src = _quotient_signed(x, gl.expand_dims(c, AXIS), gl.expand_dims(d_s, AXIS),
+                                            gl.expand_dims(y, AXIS), gl.expand_dims(z, AXIS))
+    else:
+        scales, factor = _mx_block_scale(amax_bits, amax, bad, MBITS, EMAX, CMANT, ROUNDING)
+        scaled = x * gl.expand_dims(factor, AXIS)
+        sign_src = scaled
+    return scaled, sign_src, scales
+
+
+@gluon.jit
+def _pairs(v, SHAPE: gl.constexpr, PERM: gl.constexpr):
+    """v's elements 2j and 2j + 1 along one axis as two tensors: reshaped to SHAPE (that axis split into
+    (j, 2)), permuted by PERM (the 2 last), split. Registers only: a thread holds both of each pair."""
+    return gl.split(gl.permute(gl.reshape(v, SHAPE), PERM))
+
+
+@gluon.jit
+def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
+                         R: gl.constexpr, C: gl.constexpr, TR: gl.constexpr, TC: gl.constexpr,
+                         RT: gl.constexpr, CC: gl.constexpr, CL: gl.constexpr, CVT: gl.constexpr,
+                         R_KIND: gl.constexpr, R_ROUNDING: gl.constexpr, R_TW: gl.constexpr, R_EPB: gl.constexpr,
+                         R_CQ: gl.constexpr, R_MBITS: gl.constexpr, R_MIN_EXP: gl.constexpr,
+                         R_MAX_BITS: gl.constexpr, R_NBITS: gl.constexpr, R_EMAX: gl.constexpr,
+                         R_CMANT: gl.constexpr,
+                         C_KIND: gl.constexpr, C_ROUNDING: gl.constexpr, C_TH: gl.constexpr, C_EPB: gl.constexpr,
+                         C_RQ: gl.constexpr, C_MBITS: gl.constexpr, C_MIN_EXP: gl.constexpr,
+                         C_MAX_BITS: gl.constexpr, C_NBITS: gl.constexpr, C_EMAX: gl.constexpr,
+                         C_CMANT: gl.constexpr):
+    """x (B, R, C) float -> row side (R_KIND "mx" / "nvfp4" / "none"): values (B, R, R_CQ / R_EPB) and scales
+    (B, R, R_CQ / R_TW), blocks of R_TW along C; column side (C_KIND): x^T's values (B, C, C_RQ / C_EPB) and
+    scales (B, C, C_RQ / C_TH), blocks of C_TH along R. R_CQ / C_RQ: C / R padded to a block (the padding
+    quantizes as zeros). ts_ptr: the two float32 tensor scales (row, column), read by nvfp4 sides only.
+    Program tile (TR, TC): TR a multiple of C_TH and of the row side's strip, TC of R_TW and of the column
+    side's strip. Grid (cdiv(C, TC), cdiv(R, TR), B). Needs R * C < 2**31 (in-batch offsets are int32)."""
+    W: gl.constexpr = gl.num_warps()
+    pid_c = gl.program_id(0)
+    pid_r = gl.program_id(1)
+    batch = gl.program_id(2).to(gl.int64)
+    r0 = pid_r * TR
+    c0 = pid_c * TC
+    x_b = x_ptr + batch * (R * C)
+
+    if R_KIND != "none":
+        RB: gl.constexpr = R_TW
+        NB: gl.constexpr = TC // RB
+        ROWS: gl.constexpr = gl.BlockedLayout([1, RT // RB, RB], [32 * RT // TC, TC // RT, 1], [W, 1, 1],
+                                              [2, 1, 0])
+        PAIRS: gl.constexpr = gl.BlockedLayout([1, RT // RB, RB // 2], [32 * RT // TC, TC // RT, 1], [W, 1, 1],
+                                               [2, 1, 0])
+        SR: gl.constexpr = (32 * RT // TC) * W  # rows per strip
+        ts_r = gl.load(ts_ptr)
+        rr = gl.arange(0, SR, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROWS)))
+        bb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, ROWS)))
+        ee = gl.arange(0, RB, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROWS)))
+        cols = c0 + bb[None, :, None] * RB + ee[None, None, :]
+        for s in gl.static_range(TR // SR):
+            rows = r0 + s * SR + rr
+            x = gl.load(x_b + rows[:, None, None] * C + cols, mask=(rows[:, None, None] < R) & (cols < C),
+                        other=0.0).to(gl.float32)
+            amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=2)
+            scaled, sign_src, scales = _scaled(x, amax_bits, ts_r, 2, R_KIND, R_ROUNDING, R_MBITS, R_EMAX, R_CMANT)
+            blk = c0 // RB + bb[None, :]
+            gl.store(rs_ptr + batch * (R * (R_CQ // RB)) + rows[:, None] * (R_CQ // RB) + blk, scales,
+                     mask=(rows[:, None] < R) & (blk < R_CQ // RB))
+            if R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
+                lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
+                slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
+                packed = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi, CVT), PAIRS)
+                rows_p = r0 + s * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, gl.SliceLayout(2, PAIRS)))
+                bb_p = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, PAIRS)))
+                ee_p = gl.arange(0, RB // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PAIRS)))
+                bytes_ = c0 // 2 + bb_p[None, :, None] * (RB // 2) + ee_p[None, None, :]
+                gl.store(rv_ptr + batch * (R * (R_CQ // 2)) + rows_p[:, None, None] * (R_CQ // 2) + bytes_, packed,
+                         mask=(rows_p[:, None, None] < R) & (bytes_ < R_CQ // 2))
+            else:
+                codes = _encode_elements(scaled, sign_src, CVT, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
+                gl.store(rv_ptr + batch * (R * R_CQ) + rows[:, None, None] * R_CQ + cols, codes,
+                         mask=(rows[:, None, None] < R) & (cols < R_CQ))
+
+    if C_KIND != "none":
+        CB: gl.constexpr = C_TH
+        SC: gl.constexpr = (32 // CL) * CC * W  # columns per strip; CL lanes lie along consecutive blocks
+        COLS: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [2, 1, 0])      # loads
+        COLS_OUT: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])  # stores
+        COLS_PAIRS: gl.constexpr = gl.BlockedLayout([1, CB // 2, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])
+        OUT: gl.constexpr = COLS_PAIRS if C_EPB == 2 else COLS_OUT
+        ts_c = gl.load(ts_ptr + 1)
+        ll = gl.arange(0, CL, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLS)))
+        jj = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLS)))
+        cc = gl.arange(0, SC, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLS)))
+        ll_s = gl.arange(0, CL, layout=gl.SliceLayout(1, gl.SliceLayout(1, COLS)))
+        cc_s = gl.arange(0, SC, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLS)))
+        ll_o = gl.arange(0, CL, layout=gl.SliceLayout(1, gl.SliceLayout(2, OUT)))
+        jj_o = gl.arange(0, CB // C_EPB, layout=gl.SliceLayout(0, gl.SliceLayout(2, OUT)))
+        cc_o = gl.arange(0, SC, layout=gl.SliceLayout(0, gl.SliceLayout(1, OUT)))
+        for i in gl.static_range(TR // (CL * CB)):
+            rb0 = r0 + i * (CL * CB)  # first row of this pass: CL blocks of CB rows
+            rows_c = rb0 + ll[:, None, None] * CB + jj[None, :, None]
+            for s in gl.static_range(TC // SC):
+                cols_c = c0 + s * SC + cc[None, None, :]
+                x = gl.load(x_b + rows_c * C + cols_c, mask=(rows_c < R) & (cols_c < C), other=0.0).to(gl.float32)
+                amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
+                scaled, sign_src, scales = _scaled(x, amax_bits, ts_c, 1, C_KIND, C_ROUNDING, C_MBITS, C_EMAX,
+                                                   C_CMANT)
+                cols_s = c0 + s * SC + cc_s[None, :]
+                blk = rb0 // CB + ll_s[:, None]
+                gl.store(cs_ptr + batch * (C * (C_RQ // CB)) + cols_s * (C_RQ // CB) + blk, scales,
+                         mask=(cols_s < C) & (blk < C_RQ // CB))
+                # Rows first in registers (the same ownership: no data moves), for the stores along x^T's rows.
+                scaled = gl.convert_layout(scaled, COLS_OUT)
+                sign_src = gl.convert_layout(sign_src, COLS_OUT)
+                if C_EPB == 2:  # pairs along R: the even row in the low nibble
+                    lo, hi = _pairs(scaled, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
+                    slo, shi = _pairs(sign_src, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
+                    codes = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi, CVT), COLS_PAIRS)
+                else:
+                    codes = _encode_elements(scaled, sign_src, CVT, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS)
+                inner = rb0 // C_EPB + ll_o[:, None, None] * (CB // C_EPB) + jj_o[None, :, None]
+                cols_o = c0 + s * SC + cc_o[None, None, :]
+                gl.store(cv_ptr + batch * (C * (C_RQ // C_EPB)) + cols_o * (C_RQ // C_EPB) + inner, codes,
+                         mask=(cols_o < C) & (inner < C_RQ // C_EPB))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side.
+
+_INT32_LIMIT = 2**31
+_INPUT_DTYPES = ("bfloat16", "float16", "float32")
+CONFIG_KEYS = ("num_warps", "tile", "row_thread_columns", "column_thread_columns", "column_block_lanes", "maxnreg")
+
+
+# Launch settings per (row side, column side) kind (`_kind`: "nvfp4", "mxfp4", "mx" for MX with one-byte codes,
+# None: no such side), from sweeps on an H100 (2026-11-23, bf16 8192^2, kernel time against an `x * 2` pass
+# counting ideal bytes; `python -m benchmarks.quant_variants --gluon-variants`, benchmarks/results/
+# quant_mx_gluon_h100_2026-11-23_session13*.md): num_warps, tile (rows, columns), the row side's columns per
+# thread, the column side's columns per thread and lanes along consecutive blocks, a register cap (0: none).
+# With a column side the lanes along blocks are what counts: one lane per block row (each lane's 16-byte code
+# store to its own row of x^T) ran mxfp8 + transposed at 0.54x, 2-4 lanes (32-64 contiguous bytes per x^T
+# row per store) at 0.79-0.84x. nvfp4 rows alone run fastest with one block per thread (0.84x against 0.77x
+# for two). Register caps of 64 and 80 were slower everywhere (up to 1.4x). A pair not listed (a mixed pair
+# other than the nvfp4 recipe's) takes the entry of its column side's kind on both sides.
+CONFIGS = {
+    ("nvfp4", None): dict(num_warps=4, tile=(32, 256), row_thread_columns=16),          # 0.85x
+    ("mx", None): dict(num_warps=4, tile=(32, 256), row_thread_columns=32),             # 1.00x
+    ("mxfp4", None): dict(num_warps=4, tile=(32, 256), row_thread_columns=32),
+    ("mx", "mx"): dict(num_warps=8, tile=(128, 128), column_thread_columns=2, column_block_lanes=4),      # 0.84x
+    ("nvfp4", "mx"): dict(num_warps=4, tile=(64, 128), column_thread_columns=2, column_block_lanes=2),    # 0.77x
+    ("nvfp4", "nvfp4"): dict(num_warps=4, tile=(64, 64), column_thread_columns=2, column_block_lanes=4),  # 0.53x
+    ("mxfp4", "mxfp4"): dict(num_warps=4, tile=(64, 128), column_thread_columns=2, column_block_lanes=2),  # 0.76x
+}
+_UNUSED = dict(row_thread_columns=32, column_thread_columns=2, column_block_lanes=4, maxnreg=0)
+
+
+def _kind(side) -> Optional[str]:
+    from ..formats import NVFP4Format
+
+    if side.fmt is None:
+        return None
+    if isinstance(side.fmt, NVFP4Format):
+        return "nvfp4"
+    return "mxfp4" if side.fmt.element.bits == 4 else "mx"
+
+
+def default_config(row, col) -> dict:
+    """Launch settings (`CONFIG_KEYS`) for a (row, column) pair of `Side`s, from `CONFIGS`."""
+    key = (_kind(row), _kind(col))
+    if key not in CONFIGS:
+        key = (key[1], key[1])  # every kind has a row-only entry and a pair with itself
+    cfg = {**_UNUSED, **CONFIGS[key]}
+    if row.fmt is not None:  # whole blocks per thread (the listed pair's row side may have had other blocks)
+        cfg["row_thread_columns"] = max(cfg["row_thread_columns"], row.fmt.block)
+    return cfg
+
+
+def preferred(row, col) -> bool:
+    """Whether dispatch takes this kernel for a `why_not`-approved pair, else the Triton kernel: with a
+    transposed side or an nvfp4 side (H100, same runs as `CONFIGS`: mxfp8 + transposed 0.84x against
+    0.71x, nvfp4 0.84x against 0.58x, nvfp4 + transposed 0.53x against 0.25x, nvfp4 + transposed mxfp8
+    0.77x against 0.53x); MX rows alone keep the Triton kernel, which runs as fast (mxfp8 69.2-72.1 us
+    against 70.2 us: both at the `x * 2` pass's rate)."""
+    from ..formats import NVFP4Format
+
+    return col.fmt is not None or isinstance(row.fmt, NVFP4Format)
+
+
+def check_config(row, col, cfg: dict) -> None:
+    """ValueError unless cfg's tile holds whole strips and blocks of both sides."""
+    w, (tr, tc) = cfg["num_warps"], cfg["tile"]
+    rt, cc, cl = cfg["row_thread_columns"], cfg["column_thread_columns"], cfg["column_block_lanes"]
+    if w not in (1, 2, 4, 8, 16) or cl > 32 or any(v <= 0 or v & (v - 1) for v in (tr, tc, rt, cc, cl)):
+        raise ValueError(f"launch settings must be powers of two (warps 1-16, lanes <= 32): {cfg}")
+    if row.fmt is not None:
+        rb = row.fmt.block
+        if rt % rb or tc % rt or tc // rt > 32 or tr % ((32 * rt // tc) * w):
+            raise ValueError(f"row side ({rb}-element blocks): {rt} columns per thread must hold whole blocks, "
+                             f"the tile's {tc} columns be at most 32 threads' worth, and its {tr} rows whole "
+                             f"strips of {(32 * rt // max(tc, 1)) * w} rows")
+    if col.fmt is not None:
+        cb = col.fmt.block
+        if tr % (cb * cl) or tc % ((32 // cl) * cc * w):
+            raise ValueError(f"column side ({cb}-row blocks, {cl} lanes along them): the tile's {tr} rows must "
+                             f"hold whole passes of {cb * cl} rows and its {tc} columns whole strips of "
+                             f"{(32 // cl) * cc * w}")
+
+
+def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> Optional[str]:
+    """None when this kernel computes the (row, column) pair of `Side`s for x (..., R, C), else why not."""
+    from ..formats import MXFormat, NVFP4Format
+
+    if compute_capability is None or compute_capability < 90:
+        return "needs NVIDIA sm_90+ (Gluon layouts and the sm_89+ fp8 conversion; sm_90 and sm_100 are tested)"
+    if row.fmt is None and col.fmt is None:
+        return "no side to quantize"
+    for name, side in (("row", row), ("column", col)):
+        if side.fmt is not None and not isinstance(side.fmt, (MXFormat, NVFP4Format)):
+            return f"{name} side {side.fmt!r} is neither MX nor nvfp4"
+    if jnp.dtype(x_dtype).name not in _INPUT_DTYPES:
+        return f"x dtype {x_dtype} is not one of {_INPUT_DTYPES}"
+    r, c = x_shape[-2], x_shape[-1]
+    if r * c >= _INT32_LIMIT:
+        return f"a batch element of {r} x {c} needs 64-bit offsets"
+    return None
+
+
+def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw", **config) -> list:
+    """Runs the kernel on x3 (B, R, C) for `why_not`-approved sides; ts: (2,) float32 tensor scales (row,
+    column; nvfp4 sides read theirs); out_shapes: the quantization plan's four (shape, dtype) outputs
+    (`quantize_kernels.plan`), which this kernel fills in the same layouts. config: `CONFIG_KEYS` overriding
+    `default_config` (benchmarks/quant_variants.py)."""
+    unknown = set(config) - set(CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {list(CONFIG_KEYS)}")
+    cfg = {**default_config(row, col), **config}
+    check_config(row, col, cfg)
+    b, r, c = x3.shape
+    tr, tc = cfg["tile"]
+    ce = {**_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r)}
+    keep = ("KIND", "ROUNDING", "EPB", "MBITS", "MIN_EXP", "MAX_BITS", "NBITS", "EMAX", "CMANT")
+    constexprs = {k: v for k, v in ce.items() if k[2:] in keep}
+    constexprs.update(R_TW=ce["R_TW"], R_CQ=ce["R_CQ"], C_TH=ce["C_TH"], C_RQ=ce["C_RQ"])
+    return scratch.scratch_call(
+        quantize_mx_t_kernel, x3, ts.astype(jnp.float32).reshape(2),
+        out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
+        grid=(-(-c // tc), -(-r // tr), b), num_warps=cfg["num_warps"], num_stages=1,
+        compute_capability=compute_capability, name="jbs_quantize_mx_gluon", maxnreg=cfg["maxnreg"],
+        R=r, C=c, TR=tr, TC=tc, RT=cfg["row_thread_columns"], CC=cfg["column_thread_columns"],
+        CL=cfg["column_block_lanes"], CVT=cvt,
+        **constexprs)

@@ -1,0 +1,162 @@
+"""The Gluon MX / nvfp4 quantization kernel on a GPU, bit for bit against the jnp quantizer.
+
+Skipped without a GPU (sm_90+). `_triton/quantize_mx_gluon.py` quantizes MX (every element type, every
+rounding) and nvfp4 sides, either side optional: these tests compare its codes and scales with
+`quantize_jnp` jitted on the same GPU (`quantize_primitive._reference`) and with the Triton kernel
+(`quantize_kernels`), on special inputs (tests/_quant_inputs.py: zeros, float32 subnormals, binade edges,
+rceil thresholds, ties, saturation, NaN, +-Inf; 10.5M elements per case), for every input dtype, every MX
+rounding, nvfp4 tensor scales from the data and fixed, ragged shapes (padding), batches, and the launch
+variants benchmarks/quant_variants.py times.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_blockscale import get_format, quantize_primitive as qp
+from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
+
+from _quant_inputs import special_input
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
+]
+
+F = get_format
+# (row, column) pairs: the recipes' (mxfp8 both ways; nvfp4 rows with mxfp8 or nvfp4 columns), every
+# element type on some side, and each side alone.
+PAIRS = {
+    "mxfp8+T": (F("mxfp8"), F("mxfp8")),
+    "nvfp4+T": (F("nvfp4"), F("nvfp4")),
+    "nvfp4+mxfp8T": (F("nvfp4"), F("mxfp8")),
+    "mxfp4+T": (F("mxfp4"), F("mxfp4")),
+    "e5m2+e2m3T": (F("mxfp8_e5m2"), F("mxfp6_e2m3")),
+    "e3m2+nvfp4T": (F("mxfp6_e3m2"), F("nvfp4")),
+    "nvfp4": (F("nvfp4"), None),
+    "mxfp8": (F("mxfp8"), None),
+    "mxfp4": (F("mxfp4"), None),
+    "mxfp8T": (None, F("mxfp8")),
+    "nvfp4T": (None, F("nvfp4")),
+}
+DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+ROUNDINGS = ("rceil", "floor", "ceil", "even")
+
+
+def _cc() -> int:
+    return int(float(jax.devices()[0].compute_capability) * 10)
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if _cc() < 90:
+        pytest.skip("the Gluon kernel needs sm_90+")
+
+
+@functools.lru_cache(maxsize=None)
+def _input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    x = special_input(np.random.default_rng(7), shape, np.float32, subnormals=True)
+    if dtype == "f16":  # keep f16 finite where float32 is: the jnp quantizer sees the same f16 values
+        x = np.clip(x, -60000, 60000)
+    return np.ascontiguousarray(x.astype(DTYPES[dtype]))
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint8)
+
+
+def _ts(x, pair, fixed: bool):
+    """The (row, column) tensor scales: the data's (`nvfp4_tensor_scale` along each side's axis) or fixed."""
+    if fixed:
+        return jnp.asarray([0.37, 3.0e-3], jnp.float32)
+    row, col = pair
+    return jnp.stack([nvfp4_tensor_scale(x) if row is not None and row.name == "nvfp4" else jnp.float32(1),
+                      nvfp4_tensor_scale(x, axis=-2) if col is not None and col.name == "nvfp4" else jnp.float32(1)])
+
+
+def _run(x, ts, pair, rounding, kernel, **config):
+    row, col = pair
+    launch = functools.partial(qp._launch, row=(row, rounding), col=(col, rounding), compute_capability=_cc(),
+                               kernel=kernel, **config)
+    return [np.asarray(a) for a in jax.jit(launch)(x, ts)]
+
+
+def _want(x, ts, pair, rounding):
+    row, col = pair
+    ref = functools.partial(qp._reference, row=(row, rounding), col=(col, rounding))
+    return [np.asarray(a) for a in jax.jit(ref)(x, ts)]
+
+
+def _assert_same(got, want, what):
+    for name, g, w in zip(("row values", "row scales", "column values", "column scales"), got, want):
+        assert g.shape == w.shape, (what, name, g.shape, w.shape)
+        if g.shape == (1,):  # an absent side's placeholder, which no kernel writes (the primitive drops it)
+            continue
+        diff = np.argwhere(_bits(g) != _bits(w))
+        assert diff.size == 0, f"{what}: {len(diff)} {name} differ, first at {diff[:3].tolist()}"
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_gluon_equals_jnp_and_triton_on_special_inputs(pair, dtype):
+    x = jnp.asarray(_input((4096, 2560), dtype))
+    ts = _ts(x, PAIRS[pair], fixed=False)
+    got = _run(x, ts, PAIRS[pair], "rceil", "gluon")
+    _assert_same(got, _want(x, ts, PAIRS[pair], "rceil"), f"gluon vs jnp {pair} {dtype}")
+    _assert_same(got, _run(x, ts, PAIRS[pair], "rceil", "triton"), f"gluon vs triton {pair} {dtype}")
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("pair", ["mxfp8+T", "mxfp4+T", "e5m2+e2m3T", "e3m2+nvfp4T"])
+def test_every_mx_rounding(pair, rounding):
+    x = jnp.asarray(_input((1024, 2048), "f32"))
+    ts = _ts(x, PAIRS[pair], fixed=False)
+    _assert_same(_run(x, ts, PAIRS[pair], rounding, "gluon"), _want(x, ts, PAIRS[pair], rounding),
+                 f"{pair} {rounding}")
+
+
+@pytest.mark.parametrize("pair", ["nvfp4+T", "nvfp4+mxfp8T", "nvfp4T"])
+def test_fixed_tensor_scales(pair):
+    x = jnp.asarray(_input((2048, 1536), "bf16"))
+    ts = _ts(x, PAIRS[pair], fixed=True)
+    _assert_same(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), pair)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (17, 40), (130, 300), (1000, 8200), (3, 200, 384), (2, 2, 48, 272)])
+@pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "mxfp4", "nvfp4T"])
+def test_gluon_pads_ragged_and_batched_shapes(shape, pair):
+    x = jnp.asarray(_input(shape, "bf16"))
+    ts = _ts(x, PAIRS[pair], fixed=False)
+    _assert_same(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), f"{shape} {pair}")
+
+
+@pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "nvfp4"])
+def test_launch_variants_give_the_same_bits(pair):
+    """Every variant benchmarks/quant_variants.py times (tiles, warps, columns per thread)."""
+    from benchmarks.quant_variants import gluon_mx_variants
+
+    x = jnp.asarray(_input((1000, 2100), "bf16"))
+    ts = _ts(x, PAIRS[pair], fixed=False)
+    want = _want(x, ts, PAIRS[pair], "rceil")
+    for variant in gluon_mx_variants(*PAIRS[pair]):
+        _assert_same(_run(x, ts, PAIRS[pair], "rceil", "gluon", **variant), want, f"{pair} {variant}")
+
+
+def test_quantize_with_transpose_matches_the_jnp_pair():
+    """The public entry point on the default dispatch (the recipes' path), nvfp4 rows with mxfp8 columns."""
+    x = jnp.asarray(_input((512, 1024), "bf16"))
+    row_fmt, col_fmt = PAIRS["nvfp4+mxfp8T"]
+    row, col = jax.jit(lambda x: qp.quantize_with_transpose(x, row_fmt, col_fmt))(x)
+    want_row = quantize_jnp(x, row_fmt, axis=-1, rounding="rceil", tensor_scale=nvfp4_tensor_scale(x))
+    want_col = quantize_jnp(x.T, col_fmt, axis=-1, rounding="rceil")
+    for side, got, want in (("row", row, want_row), ("column", col, want_col)):
+        for leaf in ("values", "scales"):
+            g, w = _bits(getattr(got, leaf)), _bits(getattr(want, leaf))
+            assert g.shape == w.shape, (side, leaf, g.shape, w.shape)
+            diff = np.argwhere(g != w)
+            assert diff.size == 0, (side, leaf, len(diff), diff[:3].tolist())
