@@ -355,10 +355,13 @@ def _sign_addend(d, ZERO_DIVISOR_ZEROES: tl.constexpr):
 
 @triton.jit
 def _quotient_signed(x, c, d_s, y, z):
-    """(q, sign source) of RN32(x / d) from per-block parts already broadcast against x (see above)."""
+    """(q, sign source) of RN32(x / d) from per-block parts broadcast against x (see above). The residual
+    negates d_s, not q0: the same exact product, but Triton lowers -q0 to 0 - q0, which LLVM contracts with
+    q0's multiply into a separate fma(-x_s, y, 0) per element (sm_90 SASS: one FFMA per element more);
+    negating the per-block d_s costs once per block where the parts are not yet broadcast."""
     x_s = x * c
     q0 = x_s * y
-    r = tl.fma(-q0, d_s, x_s)
+    r = tl.fma(q0, -d_s, x_s)
     q = tl.fma(r, y, q0)
     return q, x_s + z
 
