@@ -52,16 +52,24 @@ def _torch():
         return None
 
 
-def kernel_us(fn, args_list, torch) -> float:
-    """Device time per call (us) of `fn(*args)` over `args_list` rotated CALLS times."""
+def wall_us(fn, args_list) -> float:
+    """Wall clock per call (us) of `fn(*args)` over `args_list` rotated CALLS times, dispatched back to back
+    and blocked on once at the end: what a jitted call costs a Python loop, host launch gaps included."""
     for args in args_list[:2]:
         jax.block_until_ready(fn(*args))  # compile, warm
+    t = time.perf_counter()
+    for i in range(CALLS):
+        out = fn(*args_list[i % len(args_list)])
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t) / CALLS * 1e6
+
+
+def kernel_us(fn, args_list, torch) -> float:
+    """Device time per call (us) of `fn(*args)` over `args_list` rotated CALLS times."""
     if torch is None:  # wall clock fallback (includes launch gaps): said in the output
-        t = time.perf_counter()
-        for i in range(CALLS):
-            out = fn(*args_list[i % len(args_list)])
-        jax.block_until_ready(out)
-        return (time.perf_counter() - t) / CALLS * 1e6
+        return wall_us(fn, args_list)
+    for args in args_list[:2]:
+        jax.block_until_ready(fn(*args))  # compile, warm
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -500,7 +508,8 @@ WGMMA_ROWS = (1, 2, 4, 8, 16)
 def wgmma_table(torch, shapes, rows=WGMMA_ROWS):
     """bf16 x fp4 weights at 1-16 rows: the Gluon decode kernel (`_triton/decode_wgmma.py`, its default
     config) against decode.py's tuned sm_90 config and XLA bf16,
-    beside a same-size read of each weight. Every config is checked against the reference (fp32 output)
+    beside a same-size read of each weight; kernel time (CUPTI) with the wall clock per call beside it
+    (`wall_us`: host launch gaps included). Every config is checked against the reference (fp32 output)
     before it is timed; the row's "dispatch" column says which one `jb.matmul` picks."""
     from jax_blockscale._triton import decode, decode_wgmma
     from jax_blockscale._triton.problem import GemmProblem
@@ -508,18 +517,20 @@ def wgmma_table(torch, shapes, rows=WGMMA_ROWS):
     ceiling = read_ceiling_gbs(torch)
     print(f"device: {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
           f"read ceiling {ceiling:.0f} GB/s\n")
-    print("| N | K | weights | M | kernel | config | us | GB/s | % same-size read | vs XLA bf16 | dispatch | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| N | K | weights | M | kernel | config | us | wall us | GB/s | % same-size read | vs XLA bf16 | dispatch | "
+          "rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, k in shapes:
         bf16_ws = _weights("bf16", n, k, 0)
-        xla_us = {m: kernel_us(_XLA_BF16, [(_activation("bf16", m, k), w) for w in bf16_ws], torch) for m in rows}
+        xla_args = {m: [(_activation("bf16", m, k), w) for w in bf16_ws] for m in rows}
+        xla_us = {m: kernel_us(_XLA_BF16, xla_args[m], torch) for m in rows}
         for m, us in xla_us.items():
-            print(f"| {n} | {k} | bf16 | {m} | XLA bf16 | - | {us:.2f} | {_nbytes(bf16_ws[0]) / us / 1e3:.0f} | | "
-                  f"1.00x | | |", flush=True)
+            print(f"| {n} | {k} | bf16 | {m} | XLA bf16 | - | {us:.2f} | {wall_us(_XLA_BF16, xla_args[m]):.2f} | "
+                  f"{_nbytes(bf16_ws[0]) / us / 1e3:.0f} | | 1.00x | | |", flush=True)
         del bf16_ws
         for fb in ("mxfp4", "nvfp4"):
             ws, nb, read_us = _weights_and_read(torch, fb, n, k)
-            print(f"| {n} | {k} | {fb} | - | same-size read | {nb / 1e6:.1f} MB | {read_us:.2f} | "
+            print(f"| {n} | {k} | {fb} | - | same-size read | {nb / 1e6:.1f} MB | {read_us:.2f} | | "
                   f"{nb / read_us / 1e3:.0f} | 100% | | | |", flush=True)
             for m in rows:
                 xa = _activation("bf16", m, k)
@@ -535,15 +546,16 @@ def wgmma_table(torch, shapes, rows=WGMMA_ROWS):
                         module.check_config(p, cfg)
                         err = _checked(xa, ws[0], cfg)
                         if not err < 1e-4:
-                            print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | WRONG | | | | | {err:.1e} |")
+                            print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | WRONG | | | | | | {err:.1e} |")
                             continue
-                        us = kernel_us(jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)),
-                                       [(xa, w) for w in ws], torch)
+                        fn = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
+                        us = kernel_us(fn, [(xa, w) for w in ws], torch)
+                        wall = wall_us(fn, [(xa, w) for w in ws])
                     except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
                         print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:80]} |")
                         continue
                     mark = "yes" if label == picked else ""
-                    print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | {us:.2f} | {nb / us / 1e3:.0f} | "
+                    print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | {us:.2f} | {wall:.2f} | {nb / us / 1e3:.0f} | "
                           f"{100 * read_us / us:.0f}% | {xla_us[m] / us:.2f}x | {mark} | {err:.1e} |", flush=True)
             del ws
 

@@ -79,6 +79,7 @@ def _matmul_cases(small: bool):
         # one past a tile), and forced onto 128-code chunks, a 2-stage ring, fp32-atomic split-K and 16
         # batched rows.
         ("decode_wgmma", "default", "bf16", "mxfp4", (5, 4160), 129, None),
+        ("decode_wgmma", "rows25_padded32", "bf16", "mxfp4", (25, 4160), 129, None),  # wgmma n32 (17-32 rows)
         ("decode_wgmma", "nvfp4_chunk128_atomic_split2", "bf16", "nvfp4", (2, 8, 1024), 130,
          TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, split_k=2, num_warps=4, num_stages=2,
                     atomic_split_k=True, kernel="decode_wgmma")),

@@ -158,9 +158,12 @@ _INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # uncapped: 2 programs per SM, 3 with the cap), 1 x 128 + transposed 118.0 us (0.796x) and 1 x 128 + 128 x 128
 # transposed 114.0 us (0.818x), against 124.1 / 125.6 us uncapped, 161.0 / 135.2 us capped at 64 (spills) and
 # 141.2 / 117.5 us for 16 x 2, 16 columns uncapped. 2, 4 or 16 warps, 64 row columns and 16 x 4 / 8 x 4 column
-# shapes were slower for both (up to 2.4x).
+# shapes were slower for both (up to 2.4x). Session 13 (after the quotient residual lost an FFMA per element;
+# benchmarks/results/quant_fp8_gluon_h100_2026-11-23_session13_variants.md): for 1 x 128 + transposed, 16 x 2
+# column tiles with 32 row columns, capped at 80, ran 114.9 us (0.820x) against 117.8-117.9 us (0.799-0.800x)
+# for 32 x 1; the 128 x 128 case keeps 32 x 1 (112.7 us, 0.828x).
 CONFIGS = {
-    1: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=80),
+    1: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=32, maxnreg=80),
     128: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=80),
 }
 
