@@ -9,6 +9,9 @@ subnormals, which XLA:CPU flushes but GPUs keep.
 
 from __future__ import annotations
 
+import functools
+
+import ml_dtypes
 import numpy as np
 
 
@@ -50,3 +53,23 @@ def special_input(rng: np.random.Generator, shape: tuple[int, ...], dtype, *, su
         f = x.astype(np.float32)
         x = np.where((np.abs(f) < 2.0**-126) & (f != 0), np.zeros_like(x), x)
     return np.ascontiguousarray(x)
+
+
+DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+
+
+@functools.lru_cache(maxsize=None)
+def special_array(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    """`special_input` with float32 subnormals as `dtype` ("bf16", "f16", "f32"), cached: the GPU kernels'
+    bit tests. f16 is clipped to its finite range, so the jnp quantizer sees the same f16 values as float32
+    would have been finite."""
+    x = special_input(np.random.default_rng(seed), shape, np.float32, subnormals=True)
+    if dtype == "f16":
+        x = np.clip(x, -60000, 60000)
+    return np.ascontiguousarray(x.astype(DTYPES[dtype]))
+
+
+def code_bits(a) -> np.ndarray:
+    """An output's bits to compare: float32 scales as uint32, codes and e8m0 / e4m3 scales as uint8."""
+    a = np.asarray(a)
+    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint8)

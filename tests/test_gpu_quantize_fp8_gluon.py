@@ -12,14 +12,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
 from jax_blockscale import get_format, quantize_primitive as qp
 from jax_blockscale.quantize import quantize_jnp
 
-from _quant_inputs import special_input
+from _quant_inputs import DTYPES, code_bits, special_array
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,24 +27,14 @@ pytestmark = [
 
 ROW = get_format("fp8_block", block=(1, 128))
 COLS = {"1x128": get_format("fp8_block", block=(1, 128)), "128x128": get_format("fp8_block", block=(128, 128))}
-DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 
 
 def _cc() -> int:
     return int(float(jax.devices()[0].compute_capability) * 10)
 
 
-@functools.lru_cache(maxsize=None)
 def _input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    x = special_input(np.random.default_rng(11), shape, np.float32, subnormals=True)
-    if dtype == "f16":  # keep f16 finite where float32 is: the jnp quantizer sees the same f16 values
-        x = np.clip(x, -60000, 60000)
-    return np.ascontiguousarray(x.astype(DTYPES[dtype]))
-
-
-def _bits(a) -> np.ndarray:
-    a = np.asarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint8)
+    return special_array(shape, dtype, 11)
 
 
 def _run(x, col, kernel):
@@ -64,7 +53,7 @@ def _want(x, col):
 def _assert_same(got, want, what):
     for name, g, w in zip(("row values", "row scales", "column values", "column scales"), got, want):
         assert g.shape == w.shape, (what, name, g.shape, w.shape)
-        diff = np.argwhere(_bits(g) != _bits(w))
+        diff = np.argwhere(code_bits(g) != code_bits(w))
         assert diff.size == 0, f"{what}: {len(diff)} {name} differ, first at {diff[:3].tolist()}"
 
 
@@ -98,7 +87,7 @@ def test_default_dispatch_takes_gluon_and_matches_the_jnp_pair():
                                                quantize_jnp(x.T, COLS["1x128"], axis=-1, rounding="rceil")))(x)
     for side, got, want in (("row", row, want_row), ("column", col, want_col)):
         for leaf in ("values", "scales"):
-            g, w = _bits(getattr(got, leaf)), _bits(getattr(want, leaf))
+            g, w = code_bits(getattr(got, leaf)), code_bits(getattr(want, leaf))
             assert g.shape == w.shape, (side, leaf, g.shape, w.shape)
             diff = np.argwhere(g != w)
             assert diff.size == 0, (side, leaf, len(diff), diff[:3].tolist(), g[tuple(diff[0])], w[tuple(diff[0])])

@@ -13,14 +13,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
 from jax_blockscale import get_format, quantize_primitive as qp
 from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
 
-from _quant_inputs import special_input
+from _quant_inputs import DTYPES, code_bits, special_array
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,7 +42,6 @@ PAIRS = {
     "mxfp8T": (None, F("mxfp8")),
     "nvfp4T": (None, F("nvfp4")),
 }
-DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 ROUNDINGS = ("rceil", "floor", "ceil", "even")
 
 
@@ -57,17 +55,8 @@ def _sm90():
         pytest.skip("the Gluon kernel needs sm_90+")
 
 
-@functools.lru_cache(maxsize=None)
 def _input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    x = special_input(np.random.default_rng(7), shape, np.float32, subnormals=True)
-    if dtype == "f16":  # keep f16 finite where float32 is: the jnp quantizer sees the same f16 values
-        x = np.clip(x, -60000, 60000)
-    return np.ascontiguousarray(x.astype(DTYPES[dtype]))
-
-
-def _bits(a) -> np.ndarray:
-    a = np.asarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint8)
+    return special_array(shape, dtype, 7)
 
 
 def _ts(x, pair, fixed: bool):
@@ -97,7 +86,7 @@ def _assert_same(got, want, what):
         assert g.shape == w.shape, (what, name, g.shape, w.shape)
         if g.shape == (1,):  # an absent side's placeholder, which no kernel writes (the primitive drops it)
             continue
-        diff = np.argwhere(_bits(g) != _bits(w))
+        diff = np.argwhere(code_bits(g) != code_bits(w))
         assert diff.size == 0, f"{what}: {len(diff)} {name} differ, first at {diff[:3].tolist()}"
 
 
@@ -136,7 +125,7 @@ def test_gluon_pads_ragged_and_batched_shapes(shape, pair):
 
 
 @pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "nvfp4"])
-def test_launch_variants_give_the_same_bits(pair):
+def test_launch_variants_give_the_samecode_bits(pair):
     """Every variant benchmarks/quant_variants.py times (tiles, warps, columns per thread)."""
     from benchmarks.quant_variants import gluon_mx_variants
 
@@ -156,7 +145,7 @@ def test_quantize_with_transpose_matches_the_jnp_pair():
     want_col = quantize_jnp(x.T, col_fmt, axis=-1, rounding="rceil")
     for side, got, want in (("row", row, want_row), ("column", col, want_col)):
         for leaf in ("values", "scales"):
-            g, w = _bits(getattr(got, leaf)), _bits(getattr(want, leaf))
+            g, w = code_bits(getattr(got, leaf)), code_bits(getattr(want, leaf))
             assert g.shape == w.shape, (side, leaf, g.shape, w.shape)
             diff = np.argwhere(g != w)
             assert diff.size == 0, (side, leaf, len(diff), diff[:3].tolist())
