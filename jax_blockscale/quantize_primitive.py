@@ -157,6 +157,7 @@ def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
         kernel = "triton" if overrides else fused_kernel(x.shape, x.dtype, row, col, compute_capability)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
     cvt = overrides.pop("cvt", default_cvt(compute_capability))
     x3 = x.reshape((-1,) + x.shape[-2:])
     if kernel == "gluon":
@@ -166,7 +167,6 @@ def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
         p = _plan(x.shape, row, col, cvt=cvt)
         return module.launch(x3, ts, *_sides(row, col), p.out_shapes, compute_capability, cvt=cvt,
                              **overrides)
-    # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
     p = _plan(x.shape, row, col, cvt=cvt, **overrides)
     outs = jt.call(
         quantize_kernel, x3, ts.astype(jnp.float32).reshape(2),
