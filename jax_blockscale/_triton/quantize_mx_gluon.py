@@ -97,7 +97,8 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
     scales (B, C, C_RQ / C_TH), blocks of C_TH along R. R_CQ / C_RQ: C / R padded to a block (the padding
     quantizes as zeros). ts_ptr: the two float32 tensor scales (row, column), read by nvfp4 sides only.
     Program tile (TR, TC): TR a multiple of the column side's pass (CL blocks of C_TH rows) and of the row
-    side's strip, TC of R_TW and of the column side's strip (`check_config`). Grid (cdiv(C, TC), cdiv(R, TR), B). Needs R * C < 2**31 (in-batch offsets are int32)."""
+    side's strip, TC of R_TW and of the column side's strip (`check_config`). Grid (cdiv(C, TC), cdiv(R, TR),
+    B). Needs R * C < 2**31 (in-batch offsets are int32)."""
     W: gl.constexpr = gl.num_warps()
     pid_c = gl.program_id(0)
     pid_r = gl.program_id(1)
