@@ -84,21 +84,22 @@ def gluon_mx_variants(row, col) -> list[dict]:
     """The Gluon MX / nvfp4 kernel's launch variants for a pair (`quantize_mx_gluon.CONFIG_KEYS`), {} first
     (the defaults): warps; with a column side, its lanes along consecutive blocks (the tile one pass of
     them high), columns per thread and one or two strips wide; without, 16-64 rows by 128 or 256 columns;
-    without a column side, the row side's columns per thread (one or two blocks); then the defaults under
-    register caps."""
+    the row side's columns per thread (two blocks, or one nvfp4 block: without a column side, or with one
+    strip); then the defaults under register caps."""
     rs, cs = qk.Side(row), qk.Side(col)
     base = qm.default_config(rs, cs)
-    row_cols = sorted({row.block, 32}) if row is not None and col is None else (32,)
-    shapes = []  # (tile, column lanes, column columns per thread) per warp count
+    shapes = []  # (warps, tile, column lanes, column columns per thread, row columns per thread)
+    one_block = sorted({row.block, 32}) if row is not None else [32]
     for w in (4, 8):
         if col is None:
-            shapes += [(w, (tr, tc), base["column_block_lanes"], base["column_thread_columns"])
-                       for tr in (16, 32, 64) for tc in (128, 256)]
+            shapes += [(w, (tr, tc), base["column_block_lanes"], base["column_thread_columns"], rt)
+                       for tr in (16, 32, 64) for tc in (128, 256) for rt in one_block]
             continue
         for cl, cc, strips in itertools.product((2, 4, 8), (1, 2), (1, 2)):
-            shapes.append((w, (col.block * cl, (32 // cl) * cc * w * strips), cl, cc))
+            shapes += [(w, (col.block * cl, (32 // cl) * cc * w * strips), cl, cc, rt)
+                       for rt in (one_block if strips == 1 else [32])]
     out = [{}]
-    for (w, tile, cl, cc), rt in itertools.product(shapes, row_cols):
+    for w, tile, cl, cc, rt in shapes:
         cfg = dict(num_warps=w, tile=tile, row_thread_columns=rt, column_thread_columns=cc, column_block_lanes=cl)
         try:
             qm.check_config(rs, cs, {**base, **cfg})
