@@ -86,6 +86,23 @@ def _bits(a):
     return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(np.uint32) if a.dtype.itemsize == 4 else a
 
 
+def _explain_mismatch(x, fmt, leaf, idx, got, want):
+    """Prints one differing entry: which leaf, both results, and the input block behind it (the row's 16 or
+    32 elements along the last axis), with which of its values are float32 subnormals (XLA:CPU flushes
+    them, XLA:GPU keeps them)."""
+    g, w = np.asarray(got)[idx], np.asarray(want)[idx]
+    row, col = idx[0], idx[-1]
+    block = {"nvfp4": 16, "mxfp8": 32, "mxfp4": 32}.get(fmt, 128)
+    if leaf == 0:  # values: packed fp4 pairs hold two elements per byte
+        col = col * (2 if fmt in ("nvfp4", "mxfp4") else 1)
+    start = (col // block) * block
+    xb = np.asarray(x, np.float32)[row, start:start + block]
+    tiny = np.abs(xb) < np.float32(2.0**-126)
+    print(f"    leaf {leaf} at {idx}: GPU {g!r} CPU {w!r}; block x[{row}, {start}:{start + block}] amax "
+          f"{np.max(np.abs(xb)):.9g}, float32 subnormals in the block: {int(np.sum(tiny & (xb != 0)))}; "
+          f"values {xb.tolist()}")
+
+
 def check_gpu_vs_cpu():
     """Quantizes the same inputs on the GPU and on the CPU backend; every leaf must agree bit for bit."""
     rng = np.random.default_rng(0)
@@ -125,6 +142,9 @@ def check_gpu_vs_cpu():
             bad = sum(int(np.sum(_bits(g) != _bits(w))) for g, w in zip(got, want))
             all_ok &= bad == 0
             print(f"  {np.dtype(dtype).name:8s} {fmt:9s} {str(kw):22s} GPU vs CPU mismatching entries: {bad}")
+            for leaf, (g, w) in enumerate(zip(got, want)):
+                for idx in np.argwhere(_bits(g) != _bits(w))[:4]:
+                    _explain_mismatch(xd, fmt, leaf, tuple(idx), g, w)
     print("  bit-exact on GPU:", "YES" if all_ok else "NO")
 
 
