@@ -19,7 +19,7 @@ import jax_blockscale as jb
 from jax_blockscale import get_format, quantize_primitive as qp
 from jax_blockscale._triton import quantize_mx_gluon as qm
 from jax_blockscale._triton.compile import compile_kernel
-from jax_blockscale._triton.quantize_kernels import Side, _side_constexprs
+from jax_blockscale._triton.quantize_kernels import Side
 
 from _jax_triton import require_jax_triton
 
@@ -44,6 +44,11 @@ def test_why_not_names_the_reason():
     assert "sm_90" in qm.why_not((256, 256), jnp.bfloat16, Side(MX8), Side(MX8), 80)
     assert "dtype" in qm.why_not((256, 256), jnp.int8, Side(MX8), Side(MX8), 90)
     assert "64-bit" in qm.why_not((65536, 65536), jnp.bfloat16, Side(MX8), Side(MX8), 90)
+    # x fits int32 offsets, its codes padded to whole blocks do not: 2 columns become 32 per row, 2 rows 32.
+    assert qm.why_not((2**27, 2), jnp.bfloat16, Side(None), Side(MX8), 90) is None
+    assert "64-bit" in qm.why_not((2**27, 2), jnp.bfloat16, Side(MX8), Side(None), 90)
+    assert "64-bit" in qm.why_not((2, 2**27), jnp.bfloat16, Side(None), Side(MX8), 90)
+    assert qm.why_not((2, 2**27), jnp.bfloat16, Side(NV4), Side(None), 90) is None
     assert "neither MX nor nvfp4" in qm.why_not((256, 256), jnp.bfloat16, Side(MX8), Side(F("fp8_block")), 90)
     assert "no side" in qm.why_not((256, 256), jnp.bfloat16, Side(None), Side(None), 90)
 
@@ -59,6 +64,8 @@ def test_launch_rejects_unknown_or_inconsistent_settings():
         qm.launch(x, ts, Side(MX8), Side(None), [], 90, row_thread_columns=16)  # half an MX block
     with pytest.raises(ValueError, match="powers of two"):
         qm.launch(x, ts, Side(MX8), Side(MX8), [], 90, num_warps=3)
+    with pytest.raises(ValueError, match="inline PTX"):
+        qm.launch(x, ts, Side(MX8), Side(MX8), [], 90, cvt="int")
 
 
 def test_every_pair_has_valid_default_settings():
@@ -73,17 +80,10 @@ def test_every_pair_has_valid_default_settings():
 def _compiled(row, col, target="sm_90", r=8192, c=8192, x_type="*bf16"):
     rs, cs = Side(row), Side(col)
     cfg = qm.default_config(rs, cs)
-    ce = {**_side_constexprs("R_", rs, c), **_side_constexprs("C_", cs, r)}
-    keep = ("KIND", "ROUNDING", "EPB", "MBITS", "MIN_EXP", "MAX_BITS", "NBITS", "EMAX", "CMANT")
-    constexprs = {k: v for k, v in ce.items() if k[2:] in keep}
-    constexprs.update(R_TW=ce["R_TW"], R_CQ=ce["R_CQ"], C_TH=ce["C_TH"], C_RQ=ce["C_RQ"])
-    tr, tc = cfg["tile"]
     signature = dict(x_ptr=x_type, ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*u8", cv_ptr="*u8", cs_ptr="*u8")
     return compile_kernel(qm.quantize_mx_t_kernel, target=target, signature=signature,
-                          constexprs=dict(R=r, C=c, TR=tr, TC=tc, RT=cfg["row_thread_columns"],
-                                          CC=cfg["column_thread_columns"], CL=cfg["column_block_lanes"], CVT="hw",
-                                          **constexprs),
-                          num_warps=cfg["num_warps"], num_stages=1)
+                          constexprs=qm.kernel_constexprs(r, c, rs, cs, cfg), num_warps=cfg["num_warps"],
+                          num_stages=1)
 
 
 PAIRS = {"mxfp8+T": (MX8, MX8), "nvfp4+mxfp8T": (NV4, MX8), "nvfp4+T": (NV4, NV4), "mxfp4+T": (MX4, MX4),

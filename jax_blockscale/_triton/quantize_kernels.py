@@ -179,20 +179,11 @@ _E2M1_PAIRS_PTX = tl.constexpr(_e2m1_pairs_ptx())
 
 
 @triton.jit
-def _encode_e2m1_pairs(lo, hi, lo_sign, hi_sign, CVT: tl.constexpr):
+def _encode_e2m1_pairs(lo, hi, lo_sign, hi_sign):
     """Bytes (uint8, shaped like lo) of e2m1 code pairs: code(lo) | code(hi) << 4, each with its sign source's
-    sign (`_encode_signed`): `_e2m1_pairs_ptx` where the plan allows NVIDIA inline PTX (CVT == "hw"), else
-    the integer encoder."""
-    if CVT == "hw":
-        packed = tl.inline_asm_elementwise(_E2M1_PAIRS_PTX, "=r" + ",r" * 16, [lo, hi, lo_sign, hi_sign],
-                                           dtype=tl.uint8, is_pure=True, pack=4)
-    else:
-        low = _encode_signed(lo.to(tl.uint32, bitcast=True), lo_sign.to(tl.uint32, bitcast=True) >> 31,
-                             1, 0, 0x40C00000, 4)
-        high = _encode_signed(hi.to(tl.uint32, bitcast=True), hi_sign.to(tl.uint32, bitcast=True) >> 31,
-                              1, 0, 0x40C00000, 4)
-        packed = low | (high << 4)
-    return packed
+    sign (`_encode_signed`), by `_e2m1_pairs_ptx` (NVIDIA inline PTX: the Gluon kernel, sm_90+)."""
+    return tl.inline_asm_elementwise(_E2M1_PAIRS_PTX, "=r" + ",r" * 16, [lo, hi, lo_sign, hi_sign],
+                                     dtype=tl.uint8, is_pure=True, pack=4)
 
 
 @triton.jit

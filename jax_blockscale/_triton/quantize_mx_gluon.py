@@ -83,7 +83,7 @@ def _pairs(v, SHAPE: gl.constexpr, PERM: gl.constexpr):
 @gluon.jit
 def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                          R: gl.constexpr, C: gl.constexpr, TR: gl.constexpr, TC: gl.constexpr,
-                         RT: gl.constexpr, CC: gl.constexpr, CL: gl.constexpr, CVT: gl.constexpr,
+                         RT: gl.constexpr, CC: gl.constexpr, CL: gl.constexpr,
                          R_KIND: gl.constexpr, R_ROUNDING: gl.constexpr, R_TW: gl.constexpr, R_EPB: gl.constexpr,
                          R_CQ: gl.constexpr, R_MBITS: gl.constexpr, R_MIN_EXP: gl.constexpr,
                          R_MAX_BITS: gl.constexpr, R_NBITS: gl.constexpr, R_EMAX: gl.constexpr,
@@ -132,7 +132,7 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
             if R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
                 lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
                 slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
-                packed = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi, CVT), PAIRS)
+                packed = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi), PAIRS)
                 rows_p = r0 + s * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, gl.SliceLayout(2, PAIRS)))
                 bb_p = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, PAIRS)))
                 ee_p = gl.arange(0, RB // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PAIRS)))
@@ -140,7 +140,7 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                 gl.store(rv_ptr + batch * (R * (R_CQ // 2)) + rows_p[:, None, None] * (R_CQ // 2) + bytes_, packed,
                          mask=(rows_p[:, None, None] < R) & (bytes_ < R_CQ // 2))
             else:
-                codes = _encode_elements(scaled, sign_src, CVT, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
+                codes = _encode_elements(scaled, sign_src, "hw", R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
                 gl.store(rv_ptr + batch * (R * R_CQ) + rows[:, None, None] * R_CQ + cols, codes,
                          mask=(rows[:, None, None] < R) & (cols < R_CQ))
 
@@ -179,9 +179,9 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                 if C_EPB == 2:  # pairs along R: the even row in the low nibble
                     lo, hi = _pairs(scaled, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
                     slo, shi = _pairs(sign_src, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
-                    codes = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi, CVT), COLS_PAIRS)
+                    codes = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi), COLS_PAIRS)
                 else:
-                    codes = _encode_elements(scaled, sign_src, CVT, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS)
+                    codes = _encode_elements(scaled, sign_src, "hw", C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS)
                 inner = rb0 // C_EPB + ll_o[:, None, None] * (CB // C_EPB) + jj_o[None, :, None]
                 cols_o = c0 + s * SC + cc_o[None, None, :]
                 gl.store(cv_ptr + batch * (C * (C_RQ // C_EPB)) + cols_o * (C_RQ // C_EPB) + inner, codes,
@@ -283,17 +283,34 @@ def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> 
             return f"{name} side {side.fmt!r} is neither MX nor nvfp4"
     if jnp.dtype(x_dtype).name not in _INPUT_DTYPES:
         return f"x dtype {x_dtype} is not one of {_INPUT_DTYPES}"
+    # In-batch offsets are int32: x's (R * C), the row codes' (R * C padded to a row block) and x^T's codes'
+    # (C * R padded to a column block); the padding can make the outputs larger than x (C = 2: 32 per row).
     r, c = x_shape[-2], x_shape[-1]
-    if r * c >= _INT32_LIMIT:
-        return f"a batch element of {r} x {c} needs 64-bit offsets"
+    rq = -(-r // col.fmt.block) * col.fmt.block if col.fmt is not None else r
+    cq = -(-c // row.fmt.block) * row.fmt.block if row.fmt is not None else c
+    if max(r * c, r * cq, c * rq) >= _INT32_LIMIT:
+        return f"a batch element of {r} x {c} (padded to whole blocks: {rq} x {cq}) needs 64-bit offsets"
     return None
+
+
+def kernel_constexprs(r: int, c: int, row, col, cfg: dict) -> dict:
+    """The kernel's constexprs for x (B, r, c), `Side`s row / col and launch settings cfg (`check_config`)."""
+    ce = {**_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r)}
+    keep = ("KIND", "ROUNDING", "EPB", "MBITS", "MIN_EXP", "MAX_BITS", "NBITS", "EMAX", "CMANT")
+    tr, tc = cfg["tile"]
+    return dict({k: v for k, v in ce.items() if k[2:] in keep},
+                R_TW=ce["R_TW"], R_CQ=ce["R_CQ"], C_TH=ce["C_TH"], C_RQ=ce["C_RQ"], R=r, C=c, TR=tr, TC=tc,
+                RT=cfg["row_thread_columns"], CC=cfg["column_thread_columns"], CL=cfg["column_block_lanes"])
 
 
 def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw", **config) -> list:
     """Runs the kernel on x3 (B, R, C) for `why_not`-approved sides; ts: (2,) float32 tensor scales (row,
     column; nvfp4 sides read theirs); out_shapes: the quantization plan's four (shape, dtype) outputs
-    (`quantize_kernels.plan`), which this kernel fills in the same layouts. config: `CONFIG_KEYS` overriding
+    (`quantize_kernels.plan`), which this kernel fills in the same layouts. cvt: "hw" only (NVIDIA inline
+    PTX: the sm_89+ fp8 conversion, the e2m1 pair encoder). config: `CONFIG_KEYS` overriding
     `default_config` (benchmarks/quant_variants.py)."""
+    if cvt != "hw":
+        raise ValueError(f"the Gluon MX kernel encodes with NVIDIA inline PTX (cvt 'hw'), got {cvt!r}")
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
         raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {list(CONFIG_KEYS)}")
@@ -301,15 +318,9 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
     check_config(row, col, cfg)
     b, r, c = x3.shape
     tr, tc = cfg["tile"]
-    ce = {**_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r)}
-    keep = ("KIND", "ROUNDING", "EPB", "MBITS", "MIN_EXP", "MAX_BITS", "NBITS", "EMAX", "CMANT")
-    constexprs = {k: v for k, v in ce.items() if k[2:] in keep}
-    constexprs.update(R_TW=ce["R_TW"], R_CQ=ce["R_CQ"], C_TH=ce["C_TH"], C_RQ=ce["C_RQ"])
     return scratch.scratch_call(
         quantize_mx_t_kernel, x3, ts.astype(jnp.float32).reshape(2),
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
         grid=(-(-c // tc), -(-r // tr), b), num_warps=cfg["num_warps"], num_stages=1,
         compute_capability=compute_capability, name="jbs_quantize_mx_gluon", maxnreg=cfg["maxnreg"],
-        R=r, C=c, TR=tr, TC=tc, RT=cfg["row_thread_columns"], CC=cfg["column_thread_columns"],
-        CL=cfg["column_block_lanes"], CVT=cvt,
-        **constexprs)
+        **kernel_constexprs(r, c, row, col, cfg))
