@@ -305,10 +305,10 @@ def quantizer(fmt: FormatLike, target: Optional[str] = None, *, block: Optional[
     side, cc = (fmt, "rceil"), primitive._compute_capability(target)
 
     def kernel_file(col) -> str:
-        module, _ = quantize_primitive._gluon_kernel((128, 128), "bfloat16", side, col, cc)
-        if quantize_primitive.fused_kernel((128, 128), "bfloat16", side, col, cc) == "gluon":
-            return f"the Gluon kernel _triton/{module.__name__.rsplit('.', 1)[-1]}.py"
-        return "_triton/quantize_kernels.py"
+        module = quantize_primitive.default_gluon_kernel((128, 128), "bfloat16", side, col, cc)
+        if module is None:
+            return "_triton/quantize_kernels.py"
+        return f"the Gluon kernel _triton/{module.__name__.rsplit('.', 1)[-1]}.py"
 
     alone, paired = kernel_file((None, "rceil")), kernel_file(side)
     how = f"one-pass kernel ({alone}, bit-identical to the jnp quantizer)"

@@ -142,8 +142,13 @@ def fused_kernel(x_shape, x_dtype, row, col, compute_capability) -> str:
     transposed 1 x 128 or 128 x 128 side, the fp8_deepseek recipe's activations and gradients;
     `_triton/quantize_mx_gluon.py`: the MX / nvfp4 pairs its `preferred` names), else "triton"
     (`quantize_kernels.quantize_kernel`)."""
+    return "triton" if default_gluon_kernel(x_shape, x_dtype, row, col, compute_capability) is None else "gluon"
+
+
+def default_gluon_kernel(x_shape, x_dtype, row, col, compute_capability):
+    """The `_triton` module of the Gluon kernel dispatch runs for this pair (`fused_kernel`), or None."""
     module, _ = _gluon_kernel(x_shape, x_dtype, row, col, compute_capability)
-    return "gluon" if module is not None and module.preferred(*_sides(row, col)) else "triton"
+    return module if module is not None and module.preferred(*_sides(row, col)) else None
 
 
 def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
