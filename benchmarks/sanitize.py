@@ -131,6 +131,13 @@ def run_matmuls(families, small: bool, match: str = "") -> list[str]:
     return failures
 
 
+def _same_bits(got, ref) -> bool:
+    """Two BlockScaledArrays hold the same bytes (values, scales and any tensor scale)."""
+    return all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8), np.asarray(getattr(ref, f)).view(np.uint8))
+               for f in ("values", "scales")) and (
+        got.tensor_scale is None or np.array_equal(np.asarray(got.tensor_scale), np.asarray(ref.tensor_scale)))
+
+
 def run_quantize(small: bool) -> list[str]:
     from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
 
@@ -146,10 +153,7 @@ def run_quantize(small: bool) -> list[str]:
         single = jax.block_until_ready(jax.jit(lambda v: jb.quantize(v, fmt))(x))
         for label, got, ref in (("row", single, want(x)), ("row+transposed", row, want(x)),
                                 ("transposed", col, want(x.T))):
-            same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8),
-                                      np.asarray(getattr(ref, f)).view(np.uint8))
-                       for f in ("values", "scales")) and (
-                got.tensor_scale is None or np.array_equal(np.asarray(got.tensor_scale), np.asarray(ref.tensor_scale)))
+            same = _same_bits(got, ref)
             print(f"{'ok  ' if same else 'FAIL'} quantize  {label:<22} {name} {block or ''} {shape}: bit-identical {same}")
             if not same:
                 failures.append(f"quantize/{name}/{label}")
@@ -164,8 +168,7 @@ def run_quantize(small: bool) -> list[str]:
         ref_row = jax.jit(lambda v: quantize_jnp(v, row_fmt, axis=-1, rounding="rceil", tensor_scale=ts(v)))(x)
         ref_col = jax.jit(lambda v: quantize_jnp(v.T, col_fmt, axis=-1, rounding="rceil"))(x)
         for side, got, ref in (("row", row, ref_row), ("transposed", col, ref_col)):
-            same = all(np.array_equal(np.asarray(getattr(got, f)).view(np.uint8),
-                                      np.asarray(getattr(ref, f)).view(np.uint8)) for f in ("values", "scales"))
+            same = _same_bits(got, ref)
             print(f"{'ok  ' if same else 'FAIL'} quantize  {label} {side:<12} {shape}: bit-identical {same}")
             if not same:
                 failures.append(f"quantize/{label}/{side}")
