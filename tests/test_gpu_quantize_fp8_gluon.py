@@ -18,7 +18,7 @@ import pytest
 from jax_blockscale import get_format, quantize_primitive as qp
 from jax_blockscale.quantize import quantize_jnp
 
-from _quant_inputs import DTYPES, code_bits, special_array
+from _quant_inputs import DTYPES, assert_same_outputs, code_bits, special_array
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,13 +50,6 @@ def _want(x, col):
                                                              col=(col, "rceil")))(x, ts)]
 
 
-def _assert_same(got, want, what):
-    for name, g, w in zip(("row values", "row scales", "column values", "column scales"), got, want):
-        assert g.shape == w.shape, (what, name, g.shape, w.shape)
-        diff = np.argwhere(code_bits(g) != code_bits(w))
-        assert diff.size == 0, f"{what}: {len(diff)} {name} differ, first at {diff[:3].tolist()}"
-
-
 @pytest.fixture(autouse=True)
 def _sm90():
     if _cc() < 90:
@@ -68,15 +61,15 @@ def _sm90():
 def test_gluon_equals_jnp_and_triton_on_special_inputs(col, dtype):
     x = jnp.asarray(_input((4096, 2560), dtype))
     got = _run(x, COLS[col], "gluon")
-    _assert_same(got, _want(x, COLS[col]), f"gluon vs jnp {col} {dtype}")
-    _assert_same(got, _run(x, COLS[col], "triton"), f"gluon vs triton {col} {dtype}")
+    assert_same_outputs(got, _want(x, COLS[col]), f"gluon vs jnp {col} {dtype}")
+    assert_same_outputs(got, _run(x, COLS[col], "triton"), f"gluon vs triton {col} {dtype}")
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (130, 300), (1000, 8200), (3, 200, 384), (2, 2, 128, 256)])
 @pytest.mark.parametrize("col", sorted(COLS))
 def test_gluon_pads_ragged_and_batched_shapes(shape, col):
     x = jnp.asarray(_input(shape, "bf16"))
-    _assert_same(_run(x, COLS[col], "gluon"), _want(x, COLS[col]), f"{shape} {col}")
+    assert_same_outputs(_run(x, COLS[col], "gluon"), _want(x, COLS[col]), f"{shape} {col}")
 
 
 def test_default_dispatch_takes_gluon_and_matches_the_jnp_pair():
