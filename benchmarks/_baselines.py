@@ -51,6 +51,9 @@ class Outcome:
     path: str = ""
     note: str = ""
     kernel: Optional[KernelProfile] = None  # per-operation kernel time, when cfg.kernel_time
+    # Profiles the (compiled, warmed-up) implementation again: interleaved rounds (block_fp8_variants
+    # --rounds) compare implementations measured side by side, not minutes apart as clocks drift.
+    reprofile: Optional[Callable[[], KernelProfile]] = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def short(e: BaseException, n: int = 300) -> str:
@@ -76,11 +79,11 @@ def run_jax(impl: str, op: Callable, sets: list, ref: Callable, cfg: TimingConfi
     if not fro < tol:  # NaN fails too
         return Outcome(impl, "check_failed", None, fro, mx, path, f"rel err {fro:.3g} >= {tol:g}; not timed")
     timing = measure(jax_sampler(run_all, sets), len(sets), cfg)
-    kernel = None
-    if cfg.kernel_time:
-        kernel = profile(lambda: run_all(sets), calls=trace_calls(timing.median_s * len(sets)),
-                         ops_per_call=len(sets))
-    return Outcome(impl, "ok", timing, fro, mx, path, note, kernel)
+
+    def reprofile() -> KernelProfile:
+        return profile(lambda: run_all(sets), calls=trace_calls(timing.median_s * len(sets)), ops_per_call=len(sets))
+
+    return Outcome(impl, "ok", timing, fro, mx, path, note, reprofile() if cfg.kernel_time else None, reprofile)
 
 
 # ---- operands --------------------------------------------------------------------------------------

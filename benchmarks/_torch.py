@@ -180,12 +180,13 @@ def _run(torch: Any, pairs: list, ref0: jax.Array, cfg: TimingConfig) -> Outcome
             launch()
             torch.cuda.synchronize()
             timing = measure(torch_sampler(torch, launch), len(sets), cfg)
-            kernel = None
-            if cfg.kernel_time:
-                kernel = profile(launch, calls=trace_calls(timing.median_s * len(sets)), ops_per_call=len(sets),
-                                 block=lambda _: torch.cuda.synchronize())
+            def reprofile(launch=launch, timing=timing):
+                return profile(launch, calls=trace_calls(timing.median_s * len(sets)), ops_per_call=len(sets),
+                               block=lambda _: torch.cuda.synchronize())
+
             extra = [f"{f} (fell back)" for f in failures]
-            return Outcome(IMPL, "ok", timing, fro, mx, tag, "; ".join(notes + extra + [how]), kernel)
+            return Outcome(IMPL, "ok", timing, fro, mx, tag, "; ".join(notes + extra + [how]),
+                           reprofile() if cfg.kernel_time else None, reprofile)
         failures.append(f"{tag}: rel err {fro:.3g}")
         wrong = wrong or Outcome(IMPL, "check_failed", None, fro, mx, tag)
     text = "; ".join(notes + (failures or ["no scaled_mm entry point"]))

@@ -2,6 +2,7 @@
 
     python -m benchmarks.block_fp8_variants                          # default configs, the 5 issue-#13 shapes
     python -m benchmarks.block_fp8_variants --configs gluon,gluon:128x128:s4,p:s4:pf --shapes 8192x8192x8192
+    python -m benchmarks.block_fp8_variants --configs gluon --rounds 5   # interleaved rounds, paired ratios
     python -m benchmarks.block_fp8_variants --tiny                   # tiny shapes: checks the script runs
 
 Every row is checked against the jnp reference (`jb.reference.matmul` on the same quantized operands)
@@ -9,6 +10,12 @@ before it is timed, and timed as the suite does (R distinct operand sets > 128 M
 kernel time per matmul, `benchmarks/_kernel_time.py`; the cuBLAS row through `_torch.torch_blockwise`,
 torch's `F.scaled_mm` 1x128 x 128x128 on the same bytes). TF/s and ratios use kernel time, which counts
 every kernel one matmul launches (the XLA transpose of `:at` configs included).
+
+Why `--rounds`: an H100's clock drifts with power and temperature, so one kernel measured twice a minute
+apart differed by up to 8% on a shape, more than the changes being compared. With N rounds every row of a
+shape is profiled again N - 1 times in turn (cuBLAS, config 1, config 2, ..., cuBLAS, ...); a config's
+ratio on the shape is the median over rounds of its kernel time against cuBLAS's in the same round, and
+its TF/s is cuBLAS's median TF/s times that ratio.
 
 Config specs (`--configs`, comma-separated; tokens joined by ':'):
   old            block_fp8's heuristic for the shape (what ran before the persistent kernel)
@@ -30,6 +37,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax: t
 import argparse  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Optional  # noqa: E402
@@ -95,8 +103,9 @@ def _kernel_us(o: bl.Outcome) -> float:
     return o.kernel.kernel_s * 1e6
 
 
-def run(shapes, specs, cfg: TimingConfig, budget_s: float) -> dict[str, dict[str, float]]:
-    """{spec: {shape: kernel-time TF/s}} (plus "cuBLAS"), printing one line per row as it goes."""
+def run(shapes, specs, cfg: TimingConfig, budget_s: float, rounds: int = 1) -> dict[str, dict[str, float]]:
+    """{spec: {shape: kernel-time TF/s}} (plus "cuBLAS"), printing one line per row as it goes; with
+    rounds > 1, the paired-ratio TF/s of interleaved rounds (module docstring)."""
     start = time.perf_counter()
     rates: dict[str, dict[str, float]] = {}
     for m, n, k in shapes:
@@ -104,7 +113,7 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float) -> dict[str, dict[str
         p = GemmProblem(1, False, m, n, k + (-k % 256), "block_fp8", "block_fp8", "bf16")
         qs = _operands(m, n, k, cfg)
         ref0 = jax.jit(bl.ours_ref)(*qs[0])
-        rows = [("cuBLAS", lambda: torch_blockwise(qs, ref0, cfg))]
+        rows = [("cuBLAS", lambda qs=qs, ref0=ref0: torch_blockwise(qs, ref0, cfg))]
         for spec in specs:
             try:
                 config = parse_config(spec, p)
@@ -112,7 +121,8 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float) -> dict[str, dict[str
                 rows.append((spec, lambda e=e: bl.Outcome("ours", "error", note=bl.short(e))))
                 continue
             op = lambda a, b, config=config: jb.matmul(a, b, out_dtype=bl.BF16, config=config)  # noqa: E731
-            rows.append((spec, lambda op=op: bl.run_jax("ours", op, qs, bl.ours_ref, cfg)))
+            rows.append((spec, lambda op=op, qs=qs: bl.run_jax("ours", op, qs, bl.ours_ref, cfg)))
+        timed: dict[str, list[float]] = {}
         for label, work in rows:
             if time.perf_counter() - start > budget_s:
                 print(f"  {case:<18} {label:<22} skipped (time budget {budget_s:g} s)", flush=True)
@@ -127,8 +137,30 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float) -> dict[str, dict[str
             base = rates.get("cuBLAS", {}).get(case, math.nan)
             print(f"  {case:<18} {label:<22} {o.status:<12} kernel {us:9.1f} us {tf:7.1f} TF/s "
                   f"x{tf / base:5.2f} cuBLAS  err {o.rel_err:.1e}  {o.note[:90]}", flush=True)
-        del qs
+            if math.isfinite(us) and o.reprofile is not None:
+                timed[label] = [us, o.reprofile]
+        if rounds > 1 and "cuBLAS" in timed:
+            _interleaved(case, flops, timed, rounds, rates)
+        del qs, rows, timed  # the operand sets (and the reprofiles holding them) before the next shape's
     return rates
+
+
+def _interleaved(case: str, flops: float, timed: dict, rounds: int, rates: dict) -> None:
+    """Rounds 2..N of the rows in `timed` ({label: [first kernel us, reprofile]}), in turn; replaces their
+    rates with the paired-ratio medians (module docstring) and prints each row's per-round ratios."""
+    us = {label: [first] for label, (first, _) in timed.items()}
+    for _ in range(rounds - 1):
+        for label, (_, again) in timed.items():
+            us[label].append(again().kernel_s * 1e6)
+    base = us["cuBLAS"]
+    rates["cuBLAS"][case] = flops / statistics.median(base) / 1e6
+    for label, times in us.items():
+        if label == "cuBLAS":
+            continue
+        ratios = [b / t for b, t in zip(base, times)]
+        rates[label][case] = rates["cuBLAS"][case] * statistics.median(ratios)
+        print(f"  {case:<18} {label:<22} {rounds} rounds: x{statistics.median(ratios):5.3f} cuBLAS (median; "
+              f"rounds {' '.join(f'{r:.3f}' for r in ratios)})", flush=True)
 
 
 def summary(rates: dict[str, dict[str, float]], shapes) -> str:
@@ -151,8 +183,13 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated specs (see module doc)")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: the 5 issue-#13 shapes)")
     ap.add_argument("--time-budget", type=float, default=220.0, help="seconds; later rows are skipped")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="profile every row N times in turn per shape; report median paired ratios (default 1)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and fixed repeats (checks the script runs)")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {a.rounds}")
+    return a
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -168,9 +205,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
         cfg = TimingConfig(min_samples=3, max_samples=8, sample_budget_s=0.25, kernel_time=True)
     specs = [s for s in a.configs.split(",") if s]
     print(f"block_fp8_variants: {jax.devices()[0].device_kind} (target {jb.detect_target()}), "
-          f"configs {','.join(specs)}", flush=True)
+          f"configs {','.join(specs)}, {a.rounds} round(s)", flush=True)
     start = time.perf_counter()
-    rates = run(shapes, specs, cfg, a.time_budget)
+    rates = run(shapes, specs, cfg, a.time_budget, a.rounds)
     print("\nkernel-time TF/s (x ratio to cuBLAS blockwise)\n" + summary(rates, shapes))
     print(f"total {time.perf_counter() - start:.0f} s")
     return rates

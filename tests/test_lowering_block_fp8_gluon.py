@@ -70,11 +70,44 @@ def test_warp_specialized_fp8_wgmma_stays_asynchronous(block_n, stages, tmp_path
     assert "C7514" not in report and "C7515" not in report  # no wgmma serialized
     assert "0 bytes spill stores, 0 bytes spill loads" in report
     # The promotion completes before the next wgmma reuses the partial's registers (`_settled`): no wgmma
-    # register is copied (the unpinned 128 x 256 loop copied them 384 times, 64 per subtile and K block).
+    # register is copied in a K loop (the unpinned 128 x 256 loop copied them 384 times, 64 per subtile and
+    # K block). The first K step of a tile, peeled to overlap the previous tile's stores, hands the partial
+    # to the loop once per consumer: at most 64 copies each, outside the K loops.
     wgmma_regs = {r.strip() for m in re.finditer(r"wgmma\.mma_async\S*\s+\{([^}]*)\}", ptx)
                   for r in m.group(1).split(",")}
-    assert wgmma_regs and not [m for m in re.finditer(r"mov\.b32\s+%r\d+, (%r\d+);", ptx)
-                                 if m.group(1) in wgmma_regs]
+    k_loops = {h: body for h, body in _k_loop_blocks(ptx).items() if "wgmma.mma_async" in body}
+    assert wgmma_regs and len(k_loops) == 2  # one per consumer (the loader's loop has no wgmma)
+    assert not [m for body in k_loops.values() for m in re.finditer(r"mov\.b32\s+%r\d+, (%r\d+);", body)
+                if m.group(1) in wgmma_regs]
+    assert len([m for m in re.finditer(r"mov\.b32\s+%r\d+, (%r\d+);", ptx) if m.group(1) in wgmma_regs]) <= 128
+
+
+def _k_loop_blocks(ptx: str) -> dict[str, str]:
+    """The PTX of each innermost loop (the consumers' and the loader's K loops), keyed by its header label: LLVM's
+    comments name a block "This Inner Loop Header" or "in Loop: Header=<that header>". A block runs to the
+    next `$L__BB` label, and LLVM leaves fall-through blocks unlabelled, so a loop's text can include code
+    just after it: a check that finds nothing there is stricter than needed, never looser."""
+    blocks, label, comment = {}, None, ""
+    headers, members = set(), {}
+    for line in ptx.splitlines():
+        if m := re.match(r"^(\$L__BB\d+_\d+):(.*)", line.strip()):
+            label, comment = m.group(1), m.group(2)
+            blocks[label] = ""
+            if h := re.search(r"in Loop: Header=(BB\d+_\d+)", comment):
+                members[label] = "$L__" + h.group(1)
+            continue
+        if label is None:
+            continue
+        if line.strip().startswith("//") and not blocks[label].strip():
+            if "This Inner Loop Header" in line:
+                headers.add(label)
+            continue
+        blocks[label] += line + "\n"
+    loops = {h: blocks[h] for h in headers}
+    for block, header in members.items():
+        if header in loops:
+            loops[header] += blocks[block]
+    return loops
 
 
 def test_pointer_store_when_rows_are_not_16_byte_aligned():
@@ -88,6 +121,23 @@ def test_epilogue_buffers_fit_shared_memory():
     assert bg.epilogue_buffers(config.replace(num_stages=4), jnp.bfloat16) == 1  # 4 stages: one, reused
     assert bg.epilogue_buffers(config.replace(block_n=128, num_stages=4), jnp.float32) == 1
     assert _compile(stages=4).metadata.shared <= bg.SMEM_BYTES
+
+
+@pytest.mark.parametrize("stages,buffers", [(3, 2), (4, 1)])
+def test_epilogue_waits_only_for_the_buffer_it_reuses(stages, buffers):
+    """Before writing an output buffer a consumer waits for that buffer's previous TMA store, and no newer
+    one: with a buffer per subtile the second subtile's store does not wait for the first's (`wait_group.read
+    1`); with one buffer reused, it must (`0`). Each consumer ends with a wait for all (0)."""
+    assert bg.epilogue_buffers(bg.default_config(BIG).replace(num_stages=stages), jnp.bfloat16) == buffers
+    ptx = assembly(_compile(stages=stages))
+    last_wait, before_store = None, []
+    for line in ptx.splitlines():
+        if wait := re.search(r"cp\.async\.bulk\.wait_group\.read\s+(\d+)", line):
+            last_wait = wait.group(1)
+        elif "cp.async.bulk.tensor.2d.global.shared" in line:
+            before_store.append(last_wait)
+    # Two subtiles in each of two consumers, stored in the next tile's first K step and after the last tile.
+    assert before_store == [str(buffers - 1)] * 8
 
 
 @pytest.mark.parametrize("problem,changes,message", [
@@ -178,9 +228,11 @@ def test_transposed_output_is_written_by_the_epilogue():
     """TRANS_OUT: the same stores as the plain epilogue, through stmatrix .trans into a (128, 64) buffer and
     a TMA store at (col, row) of the (N, M) output; the pointer store takes (N, M) addresses."""
     plain, trans = (assembly(_compile_trans(t)) for t in (False, True))
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", trans)) == 32
+    # 8 per (64, 128) subtile, 2 subtiles per consumer, 2 consumers; each subtile's store appears twice (in
+    # the next tile's first K step and after the last tile).
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", trans)) == 64
     assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" not in trans
-    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", plain)) == 32
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", plain)) == 64
     assert trans.count("cp.async.bulk.tensor.2d.global.shared::cta") == plain.count(
         "cp.async.bulk.tensor.2d.global.shared::cta")
     pointer = assembly(_compile_trans(True, tma_store=False))

@@ -20,11 +20,17 @@ instead of finishing their wgmma together. A 128 x 256 tile multiplies in two 12
 partial: 128 + 64 accumulator and partial registers per thread, within the 224 that setmaxnreg gives
 each consumer. Nothing is pending across a promotion, so ptxas keeps every wgmma asynchronous.
 
-Measured on an H100 (2026-11-23, kernel time, benchmarks/results/block_fp8_variants_h100_2026-11-23.md):
-128 x 256 tiles, 3 stages, 0.96-1.01x of cuBLAS blockwise geomean over the issue-#13 shapes in five
-measurements (worst shape 0.86-0.96x; one configuration measured twice in a run differs by up to 8% on a
-shape), against 0.70-0.75x for block_fp8_persistent in the same runs; 0.93-0.97x before the promotion was
-pinned ahead of the next wgmma (`_settled`).
+Epilogue: a tile's output leaves during the next tile's first K step (`_k_step(FIRST=True)`): each 128-column
+subtile's conversion, shared-memory write and TMA store run while one of that step's wgmma does, instead of
+between tiles with no wgmma in flight; and a subtile waits only for its own buffer's previous TMA store.
+
+Measured on an H100 (kernel time, benchmarks/results/block_fp8_variants_h100_2026-11-23.md): 128 x 256 tiles,
+3 stages. Interleaved rounds (`block_fp8_variants --rounds`: each shape's rows profiled in turn, median of
+paired ratios; single passes drifted by up to 8%) put the kernel before the epilogue overlap at 0.937x of
+cuBLAS blockwise geomean over the issue-#13 shapes, and after it at 0.952x (2026-11-23, session 14; faster on
+7 of 8 shapes). Earlier single-pass measurements (0.96-1.01x) were biased by that drift: in those rounds
+the first pass read up to 0.13x more than the median of the later ones on most shapes. The persistent Triton
+kernel ran at 0.70-0.75x in the same single-pass runs as the older figures.
 
 Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in the kernel (global scratch,
 `launch.scratch_call`); a's scales (M, K/128) and b's (ceil(N/128), K/128) fp32 as the contract gives them,
@@ -127,13 +133,19 @@ def _settled(acc):
 
 @gluon.jit
 def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr,
-                   TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, mma_layout: gl.constexpr):
+                   TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
+                   mma_layout: gl.constexpr):
     """One consumer's (64, 128) output subtile at (row, col): through its shared buffer and a TMA store
     (clipped at M and N by the TMA unit), or a masked pointer store. TRANS_OUT: the output is (N, M) and the
     subtile goes to (col, row) transposed; its shared buffer is (128, 64), written through a transposed view,
-    so the transpose costs no more than the store's own pass through shared memory."""
+    so the transpose costs no more than the store's own pass through shared memory.
+
+    With EPI_BUFS buffers per consumer used in turn, this buffer's previous store is the EPI_BUFS-th most
+    recent, so up to EPI_BUFS - 1 newer stores may still be reading theirs: a 256-wide tile's second subtile
+    does not wait for the first subtile's store (waiting for it there, pendings=0, stalled both consumers on
+    a TMA store's read of 16 KiB once per tile)."""
     if TMA_STORE:
-        tma.store_wait(pendings=0)  # this buffer's previous store has read it
+        tma.store_wait(pendings=EPI_BUFS - 1)  # this buffer's previous store has read it
         if TRANS_OUT:
             c_smem.permute((1, 0)).store(out)
         else:
@@ -147,6 +159,81 @@ def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constex
         else:
             ptrs = out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :]
         gl.store(ptrs, out, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@gluon.jit
+def _previous_tile_subtile(out, t, sub: gl.constexpr, c_bufs, out_desc, out_ptr, M: gl.constexpr,
+                           N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                           NUM_SMS: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr,
+                           EPI_BUFS: gl.constexpr, WG: gl.constexpr, mma_layout: gl.constexpr):
+    """Stores `out`, this consumer's subtile `sub` of its tile t - 1 (nothing when t == 0)."""
+    if t > 0:
+        ROWS: gl.constexpr = BLOCK_M // 2
+        row, col = _tile_origin(t - 1, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
+        rows = row + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
+        _store_subtile(out, row + WG * ROWS, col + sub * SUBTILE_N, rows, c_bufs.index(WG * EPI_BUFS + sub * (EPI_BUFS - 1)),
+                       out_desc, out_ptr, M, N, TMA_STORE, TRANS_OUT, EPI_BUFS, mma_layout)
+
+
+@gluon.jit
+def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0, out1, t,
+            bufs, bars, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
+            STAGES: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
+            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr):
+    """One K block of a consumer's tile: per 128-column subtile, wgmma into the partial, wait for it, promote
+    it with the block's scales (FIRST: the accumulators start from it). FIRST also stores the previous
+    tile's converted subtiles (out0, out1), each while one of this step's wgmma runs: the shared-memory
+    write and the TMA store's issue then overlap the tensor cores instead of stalling both consumers
+    between tiles (their registers fit because the outputs are bf16 and the accumulators not yet live).
+    Returns the accumulators, the partial and the next K block's scales."""
+    a_bufs, b_bufs, c_bufs = bufs
+    ready, empty, turn = bars
+    SCALE_K: gl.constexpr = K // 128
+    ROWS: gl.constexpr = BLOCK_M // 2
+    SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
+    b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
+    # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
+    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+    # The next K block's scales load while the wgmma runs (the last block reloads its own).
+    nk = gl.minimum(kb + 1, SCALE_K - 1)
+    next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
+    next_b_s0 = gl.load(b_s_ptr + nk)
+    next_b_s1 = next_b_s0
+    if FIRST:
+        _previous_tile_subtile(out0, t, 0, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS,
+                               TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+    if SPLIT == 2:
+        next_b_s1 = gl.load(b_s_ptr + SCALE_K + nk, mask=second_ok, other=0.0)
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, b_tile))[0]
+        if FIRST:
+            acc0 = _settled(partial * (a_s * b_s0)[:, None])
+        else:
+            acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
+        b_tile = b_bufs.index(s).slice(SUBTILE_N, SUBTILE_N, dim=0).permute((1, 0))
+        partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
+        if FIRST:
+            _previous_tile_subtile(out1, t, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
+                                   NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
+        mbarrier.arrive(empty.index(s), count=1)  # both consumers' arrivals free the stage
+        if FIRST:
+            acc1 = _settled(partial * (a_s * b_s1)[:, None])
+        else:
+            acc1 = _settled(acc1 + partial * (a_s * b_s1)[:, None])
+    else:
+        partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
+        mbarrier.arrive(empty.index(s), count=1)
+        if FIRST:
+            acc0 = _settled(partial * (a_s * b_s0)[:, None])
+        else:
+            acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
+    return acc0, acc1, partial, next_a_s, next_b_s0, next_b_s1
 
 
 @gluon.jit
@@ -168,58 +255,46 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     alpha = gl.load(alpha_ptr)
     partial = gl.zeros((ROWS, SUBTILE_N), gl.float32, layout=mma_layout)
+    acc0 = partial
+    acc1 = partial
+    # The previous tile's output subtiles, converted (bf16 / fp32 registers) but not yet stored.
+    out0 = partial.to(out_ptr.dtype.element_ty)
+    out1 = out0
+    tiles = _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)
     step = 0
-    for t in range(_program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
+    for t in range(tiles):
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=row_layout)
         row_ok = rows < M
         a_s_ptrs = a_scale_ptr + rows * SCALE_K
         b_s_ptr = b_scale_ptr + (col // 128) * SCALE_K
         second_ok = col // 128 + 1 < SCALE_N  # a 256-wide tile's second weight block may lie past N
-        acc0 = gl.zeros((ROWS, SUBTILE_N), gl.float32, layout=mma_layout)
-        acc1 = acc0
         a_s = gl.load(a_s_ptrs, mask=row_ok, other=0.0)
         b_s0 = gl.load(b_s_ptr)
         b_s1 = b_s0
         if SPLIT == 2:
             b_s1 = gl.load(b_s_ptr + SCALE_K, mask=second_ok, other=0.0)
-        for kb in range(SCALE_K):
-            s = step % STAGES
-            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
-            b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
-            # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
-            mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
-            partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-            mbarrier.arrive(turn.index(1 - WG), count=1)
-            # The next K block's scales load while the wgmma runs (the last block reloads its own).
-            nk = gl.minimum(kb + 1, SCALE_K - 1)
-            next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
-            next_b_s0 = gl.load(b_s_ptr + nk)
-            next_b_s1 = next_b_s0
-            if SPLIT == 2:
-                next_b_s1 = gl.load(b_s_ptr + SCALE_K + nk, mask=second_ok, other=0.0)
-                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, b_tile))[0]
-                acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
-                b_tile = b_bufs.index(s).slice(SUBTILE_N, SUBTILE_N, dim=0).permute((1, 0))
-                partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
-                mbarrier.arrive(empty.index(s), count=1)  # both consumers' arrivals free the stage
-                acc1 = _settled(acc1 + partial * (a_s * b_s1)[:, None])
-            else:
-                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
-                mbarrier.arrive(empty.index(s), count=1)
-                acc0 = _settled(acc0 + partial * (a_s * b_s0)[:, None])
-            a_s = next_a_s
-            b_s0 = next_b_s0
-            b_s1 = next_b_s1
+        # The first K step starts the accumulators (no zeros kept live beside the pending output) and stores
+        # the previous tile's subtiles while its wgmma run.
+        acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
+            step, 0, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0, out1,
+            t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
+            TRANS_OUT, EPI_BUFS, WG, mma_layout, True)
+        step += 1
+        for kb in range(1, SCALE_K):
+            acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
+                step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0,
+                out1, t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
+                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False)
             step += 1
-        _store_subtile((acc0 * alpha).to(out_ptr.dtype.element_ty), row + WG * ROWS, col, rows,
-                       c_bufs.index(WG * EPI_BUFS), out_desc, out_ptr, M, N, TMA_STORE, TRANS_OUT, mma_layout)
-        if SPLIT == 2:
-            _store_subtile((acc1 * alpha).to(out_ptr.dtype.element_ty), row + WG * ROWS, col + SUBTILE_N, rows,
-                           c_bufs.index(WG * EPI_BUFS + EPI_BUFS - 1), out_desc, out_ptr, M, N, TMA_STORE,
-                           TRANS_OUT, mma_layout)
+        out0 = (acc0 * alpha).to(out_ptr.dtype.element_ty)
+        out1 = (acc1 * alpha).to(out_ptr.dtype.element_ty)
+    # The last tile's output: no wgmma left to overlap it with.
+    _previous_tile_subtile(out0, tiles, 0, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS,
+                           TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+    if SPLIT == 2:
+        _previous_tile_subtile(out1, tiles, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
+                               NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
