@@ -194,7 +194,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     the fastest variant measured on an H100 (2026-11-22, benchmarks/block_fp8_variants.py, kernel time):
     0.71x cuBLAS blockwise geomean over the five issue-#13 shapes, against 0.66x for the one-program-per-
     tile kernel. The warp-specialized variant (`ws_config`) gives wrong results (ALLOW_WARP_SPECIALIZE).
-    From 2048 rows and columns dispatch runs the Gluon kernel instead (block_fp8_gluon.py, 0.96-1.01x).
+    From 2048 rows and columns dispatch runs the Gluon kernel instead (block_fp8_gluon.py, 0.95x).
     """
     del target
     return TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=4,
