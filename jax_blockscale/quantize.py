@@ -515,6 +515,41 @@ def _load_codes(values: jax.Array, spec: Format) -> jax.Array:
     return elements.decode(values, spec.element)
 
 
+def _scaled(blocks: jax.Array, q: BlockScaledArray) -> jax.Array:
+    """Decoded element values (..., blocks, n) times their block's scale (float32), quantized axis last."""
+    scales = jnp.moveaxis(q.scales, q.axis, -1)
+    if isinstance(q.fmt, MXFormat):
+        codes = scales
+        if codes.dtype == jnp.float8_e8m0fnu:
+            codes = lax.bitcast_convert_type(codes, jnp.uint8)
+        e = codes.astype(jnp.int32) - elements.E8M0_BIAS
+        # Multiplying by the exponent in two steps keeps 2**-127 (code 0) exact; as one float32
+        # factor it would be subnormal and flushed to zero on some backends.
+        out = elements.scale_by_exp2(blocks, e[..., None])
+        return jnp.where((codes == elements.E8M0_NAN)[..., None], jnp.nan, out)
+    ts = q.tensor_scale.astype(jnp.float32)
+    # vmap/scan over quantize gives the tensor scale leading batch dims: align them on the left.
+    ts = ts.reshape(ts.shape + (1,) * (scales.ndim - ts.ndim))
+    return blocks * (scales.astype(jnp.float32) * ts)[..., None]
+
+
+def _dequantize_fp4_pairs(q: BlockScaledArray, dtype) -> jax.Array:
+    """Packed fp4 to a 16-bit float, quantized axis last and padded: each byte's two values, computed and
+    rounded exactly as the general path does, become one uint32 (the even code's 16 bits low, as in
+    memory) bitcast to two 16-bit floats. Unpacking the nibbles into a (..., K/2, 2) stack first, as
+    `unpack_fp4` does, makes XLA emit a concatenate fusion writing 2-byte elements at a stride of two; this
+    is one elementwise pass writing 4 bytes per byte read (the pre-decode of the Hopper upcast GEMMs)."""
+    packed = jnp.moveaxis(q.values, q.axis, -1)
+    half = q.fmt.block // 2  # a block's bytes
+
+    def values(codes):  # (..., K/2) codes -> (..., K/2) of dtype, as 16-bit integers
+        blocks = _scaled(_split_blocks(elements.decode(codes, q.fmt.element), half), q)
+        return lax.bitcast_convert_type(blocks.reshape(codes.shape).astype(dtype), jnp.uint16).astype(jnp.uint32)
+
+    pairs = values(packed & 0xF) | (values(packed >> 4) << 16)
+    return lax.bitcast_convert_type(pairs, dtype).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
 def dequantize(q: BlockScaledArray, dtype=jnp.float32) -> jax.Array:
     """Reconstructs the array `q` was quantized from (up to rounding), in its logical shape, as `dtype`
     (float32, bfloat16, float16 or float64). `q` is checked field by field first
@@ -526,26 +561,12 @@ def dequantize(q: BlockScaledArray, dtype=jnp.float32) -> jax.Array:
     spec, axis = q.fmt, q.axis
     if isinstance(spec, BlockFP8Format):
         out = _dequantize_block_fp8(q)
+    elif spec.elements_per_byte == 2 and dtype.itemsize == 2:
+        out = jnp.moveaxis(_dequantize_fp4_pairs(q, dtype), -1, axis)
     else:
         vals = _load_codes(jnp.moveaxis(q.values, axis, -1), spec)
-        blocks = _split_blocks(vals, spec.block)
-        scales = jnp.moveaxis(q.scales, axis, -1)
-        if isinstance(spec, MXFormat):
-            codes = scales
-            if codes.dtype == jnp.float8_e8m0fnu:
-                codes = lax.bitcast_convert_type(codes, jnp.uint8)
-            e = codes.astype(jnp.int32) - elements.E8M0_BIAS
-            # Multiplying by the exponent in two steps keeps 2**-127 (code 0) exact; as one float32
-            # factor it would be subnormal and flushed to zero on some backends.
-            out = elements.scale_by_exp2(blocks, e[..., None])
-            out = jnp.where((codes == elements.E8M0_NAN)[..., None], jnp.nan, out)
-        else:
-            ts = q.tensor_scale.astype(jnp.float32)
-            # vmap/scan over quantize gives the tensor scale leading batch dims: align them on the left.
-            ts = ts.reshape(ts.shape + (1,) * (scales.ndim - ts.ndim))
-            block_scale = scales.astype(jnp.float32) * ts
-            out = blocks * block_scale[..., None]
-        out = jnp.moveaxis(out.reshape(vals.shape), -1, axis)
+        out = _scaled(_split_blocks(vals, spec.block), q).reshape(vals.shape)
+        out = jnp.moveaxis(out, -1, axis)
     out = lax.slice_in_dim(out, 0, q.length, axis=axis)
     return out.astype(dtype)
 

@@ -378,3 +378,46 @@ def test_pytree_scan_checkpoint():
     np.testing.assert_array_equal(np.asarray(g), np.asarray(q.dequantize()))
     h = jax.checkpoint(lambda v: jb.dequantize(jb.quantize(v, "mxfp4")))(xs[0])
     np.testing.assert_array_equal(np.asarray(h), np.asarray(q.dequantize()))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_fp4_to_16_bit_pairs_match_the_float32_path(fmt, dtype):
+    """dequantize to bf16 / f16 decodes each fp4 byte's two values into one uint32 (no nibble stack); the
+    bits are those of the float32 dequantization rounded to the dtype, with every scale code: MX's 0
+    (2**-127, subnormal values), 0xFF (NaN blocks) and the largest (f16 overflow to inf), nvfp4's e4m3
+    extremes, ragged lengths on either axis, and a vmapped batch with its own tensor scales."""
+    rng = np.random.default_rng(7)
+
+    def same(q):
+        new = jax.jit(lambda q: jb.dequantize(q, dtype))(q)
+        old = jb.dequantize(q, jnp.float32).astype(dtype)
+        assert new.shape == old.shape == q.shape
+        bits = [np.asarray(jax.lax.bitcast_convert_type(v, jnp.uint16)) for v in (new, old)]
+        np.testing.assert_array_equal(*bits)
+
+    for shape, axis in (((40, 100), -1), ((70, 33), 0), ((2, 5, 64), -1)):
+        x = jnp.asarray(rng.standard_normal(shape) * np.exp(rng.uniform(-20, 20, shape)), jnp.float32)
+        q = jb.quantize(x, fmt, axis=axis)
+        same(q)
+        raw = rng.integers(0, 256, q.scales.shape, dtype=np.uint8)
+        if fmt == "mxfp4":
+            raw.reshape(-1)[:4] = [0, 0xFF, 254, 1]
+            scales = jnp.asarray(raw)
+        else:  # every e4m3 code except its NaNs (0x7F, 0xFF), extremes included
+            raw = np.where((raw & 0x7F) == 0x7F, raw - 1, raw)
+            scales = jax.lax.bitcast_convert_type(jnp.asarray(raw), jnp.float8_e4m3fn)
+        same(dataclasses.replace(q, scales=scales))
+    xs = jnp.asarray(rng.standard_normal((3, 16, 64)) * np.array([1e-3, 1.0, 1e3])[:, None, None], jnp.float32)
+    q = jax.vmap(lambda x: jb.quantize(x, fmt))(xs)
+    vm = jax.vmap(lambda q: jb.dequantize(q, dtype))(q)
+    np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(vm, jnp.uint16)),
+                                  np.asarray(jax.lax.bitcast_convert_type(
+                                      jax.vmap(lambda q: jb.dequantize(q))(q).astype(dtype), jnp.uint16)))
+
+
+def test_fp4_to_16_bit_dequantize_has_no_concatenate():
+    """The pairs path lowers without the (..., K/2, 2) stack (a concatenate) that unpacking nibbles makes."""
+    q = jb.quantize(jnp.ones((64, 128), jnp.float32), "mxfp4")
+    assert "concatenate" not in jax.jit(lambda q: jb.dequantize(q, jnp.bfloat16)).lower(q).as_text()
+    assert "concatenate" in jax.jit(lambda q: jb.dequantize(q, jnp.float32)).lower(q).as_text()
