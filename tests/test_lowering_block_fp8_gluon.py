@@ -110,6 +110,20 @@ def _k_loop_blocks(ptx: str) -> dict[str, str]:
     return loops
 
 
+def test_float32_output_does_not_spill(tmp_path):
+    """The previous tile's outputs stay in registers through the next tile's first K step: as fp32 (64 + 64
+    per consumer thread, one output buffer) they still fit beside the partial without spilling."""
+    config = bg.default_config(BIG)
+    compiled = compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature={**SIG, "out_ptr": "*fp32"},
+                              constexprs=dict(M=8192, N=8192, K=2048, BLOCK_M=128, BLOCK_N=256, GROUP_M=8,
+                                              NUM_SMS=132, STAGES=3, TMA_STORE=True,
+                                              EPI_BUFS=bg.epilogue_buffers(config, jnp.float32)),
+                              num_warps=4, num_stages=3, maxnreg=bg.MAX_REGISTERS)
+    report = _ptxas(assembly(compiled), tmp_path)
+    assert "C7514" not in report and "C7515" not in report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report
+
+
 def test_pointer_store_when_rows_are_not_16_byte_aligned():
     ptx = assembly(_compile(n=1100, tma_store=False))
     assert "cp.async.bulk.tensor.2d.global.shared" not in ptx and "st.global" in ptx

@@ -171,8 +171,9 @@ def _previous_tile_subtile(out, t, sub: gl.constexpr, c_bufs, out_desc, out_ptr,
         ROWS: gl.constexpr = BLOCK_M // 2
         row, col = _tile_origin(t - 1, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
-        _store_subtile(out, row + WG * ROWS, col + sub * SUBTILE_N, rows, c_bufs.index(WG * EPI_BUFS + sub * (EPI_BUFS - 1)),
-                       out_desc, out_ptr, M, N, TMA_STORE, TRANS_OUT, EPI_BUFS, mma_layout)
+        buf = c_bufs.index(WG * EPI_BUFS + sub * (EPI_BUFS - 1))  # one buffer reused when EPI_BUFS == 1
+        _store_subtile(out, row + WG * ROWS, col + sub * SUBTILE_N, rows, buf, out_desc, out_ptr, M, N, TMA_STORE,
+                       TRANS_OUT, EPI_BUFS, mma_layout)
 
 
 @gluon.jit
@@ -185,7 +186,8 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     it with the block's scales (FIRST: the accumulators start from it). FIRST also stores the previous
     tile's converted subtiles (out0, out1), each while one of this step's wgmma runs: the shared-memory
     write and the TMA store's issue then overlap the tensor cores instead of stalling both consumers
-    between tiles (their registers fit because the outputs are bf16 and the accumulators not yet live).
+    between tiles. The registers fit (no spills for any output dtype, ptxas -v): the new accumulators are
+    not live yet while the previous tile's outputs are.
     Returns the accumulators, the partial and the next K block's scales."""
     a_bufs, b_bufs, c_bufs = bufs
     ready, empty, turn = bars
@@ -240,10 +242,10 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
               TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
-    """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block."""
+    """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block
+    (`_k_step`)."""
     _, _, out_desc = descs
-    a_bufs, b_bufs, c_bufs = bufs
-    ready, empty, turn = bars
+    c_bufs = bufs[2]
     a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
     SCALE_N: gl.constexpr = (N + 127) // 128
