@@ -40,7 +40,7 @@ import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Optional  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -122,7 +122,7 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float, rounds: int = 1) -> d
                 continue
             op = lambda a, b, config=config: jb.matmul(a, b, out_dtype=bl.BF16, config=config)  # noqa: E731
             rows.append((spec, lambda op=op, qs=qs: bl.run_jax("ours", op, qs, bl.ours_ref, cfg)))
-        timed: dict[str, list[float]] = {}
+        timed: dict[str, tuple[float, Callable]] = {}  # label: (first kernel us, reprofile)
         for label, work in rows:
             if time.perf_counter() - start > budget_s:
                 print(f"  {case:<18} {label:<22} skipped (time budget {budget_s:g} s)", flush=True)
@@ -138,7 +138,7 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float, rounds: int = 1) -> d
             print(f"  {case:<18} {label:<22} {o.status:<12} kernel {us:9.1f} us {tf:7.1f} TF/s "
                   f"x{tf / base:5.2f} cuBLAS  err {o.rel_err:.1e}  {o.note[:90]}", flush=True)
             if math.isfinite(us) and o.reprofile is not None:
-                timed[label] = [us, o.reprofile]
+                timed[label] = (us, o.reprofile)
         if rounds > 1 and "cuBLAS" in timed:
             _interleaved(case, flops, timed, rounds, rates)
         del qs, rows, timed  # the operand sets (and the reprofiles holding them) before the next shape's
@@ -146,7 +146,7 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float, rounds: int = 1) -> d
 
 
 def _interleaved(case: str, flops: float, timed: dict, rounds: int, rates: dict) -> None:
-    """Rounds 2..N of the rows in `timed` ({label: [first kernel us, reprofile]}), in turn; replaces their
+    """Rounds 2..N of the rows in `timed` ({label: (first kernel us, reprofile)}), in turn; replaces their
     rates with the paired-ratio medians (module docstring) and prints each row's per-round ratios."""
     us = {label: [first] for label, (first, _) in timed.items()}
     for _ in range(rounds - 1):

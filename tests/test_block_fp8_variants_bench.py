@@ -20,8 +20,8 @@ def test_interleaved_rounds_use_the_median_of_paired_ratios(capsys):
     # cuBLAS drifts 100 -> 125 us across rounds; "a" stays 1.25x slower than cuBLAS in every round except one
     # outlier, so its ratio is 0.8 however far the clock drifted.
     flops = 2e6
-    timed = {"cuBLAS": [100.0, _profiles([110.0, 125.0, 100.0, 120.0])],
-             "a": [125.0, _profiles([137.5, 156.25, 500.0, 150.0])]}
+    timed = {"cuBLAS": (100.0, _profiles([110.0, 125.0, 100.0, 120.0])),
+             "a": (125.0, _profiles([137.5, 156.25, 500.0, 150.0]))}
     rates = {"cuBLAS": {"s": math.nan}, "a": {"s": math.nan}}
     bv._interleaved("s", flops, timed, 5, rates)
     base = flops / 110.0 / 1e6  # cuBLAS's median over the five rounds
@@ -32,7 +32,7 @@ def test_interleaved_rounds_use_the_median_of_paired_ratios(capsys):
 
 def test_rounds_interleave_rows_in_turn():
     order = []
-    timed = {label: [10.0, lambda label=label: order.append(label) or dataclasses.replace(EMPTY, kernel_s=1e-5)]
+    timed = {label: (10.0, lambda label=label: order.append(label) or dataclasses.replace(EMPTY, kernel_s=1e-5))
              for label in ("cuBLAS", "a", "b")}
     bv._interleaved("s", 1.0, timed, 3, {label: {} for label in timed})
     assert order == list(itertools.chain.from_iterable([["cuBLAS", "a", "b"]] * 2))
