@@ -7,6 +7,7 @@
     python -m benchmarks.decode --mma16       # the MMA variants vs the tuned config at M = 8, 16 (~1-2 min)
     python -m benchmarks.decode --gemv-shapes # M=1 GEMV per model / issue shape vs a same-size read (~2-3 min)
     python -m benchmarks.decode --wgmma --shapes 7168x4096,8192x8192   # fp4 weights: decode_wgmma vs decode.py
+    python -m benchmarks.decode --wgmma --pairs bf16:mxfp8,mxfp8:mxfp4 --rows 2,16,32   # other format pairs
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -503,59 +504,71 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
 
 
 WGMMA_ROWS = (1, 2, 4, 8, 16)
+WGMMA_PAIRS = (("bf16", "mxfp4"), ("bf16", "nvfp4"))
 
 
-def wgmma_table(torch, shapes, rows=WGMMA_ROWS):
-    """bf16 x fp4 weights at 1-16 rows: the Gluon decode kernel (`_triton/decode_wgmma.py`, its default
-    config) against decode.py's tuned sm_90 config and XLA bf16,
+def _pair(text: str) -> tuple[str, str]:
+    """"mxfp8:mxfp4" -> ("mxfp8", "mxfp4"): activation and weight formats."""
+    fa, fb = text.split(":")
+    for f in (fa, fb):
+        if f not in _KIND:
+            raise SystemExit(f"unknown format {f!r} in --pairs; choose from {sorted(_KIND)}")
+    return fa, fb
+
+
+def wgmma_table(torch, shapes, rows=WGMMA_ROWS, pairs=WGMMA_PAIRS):
+    """(activation, weight) format pairs at 1-16 rows (default bf16 x fp4 weights): the Gluon decode kernel
+    (`_triton/decode_wgmma.py`, its default config) against decode.py's tuned sm_90 config and XLA bf16,
     beside a same-size read of each weight; kernel time (CUPTI) with the wall clock per call beside it
     (`wall_us`: host launch gaps included). Every config is checked against the reference (fp32 output)
     before it is timed; the row's "dispatch" column says which one `jb.matmul` picks."""
-    from jax_blockscale._triton import decode, decode_wgmma
+    from jax_blockscale._triton import decode, decode_wgmma, upcast
     from jax_blockscale._triton.problem import GemmProblem
 
     ceiling = read_ceiling_gbs(torch)
     print(f"device: {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'}); "
           f"read ceiling {ceiling:.0f} GB/s\n")
-    print("| N | K | weights | M | kernel | config | us | wall us | GB/s | % same-size read | vs XLA bf16 | dispatch | "
+    print("| N | K | x | weights | M | kernel | config | us | wall us | GB/s | % same-size read | vs XLA bf16 | dispatch | "
           "rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, k in shapes:
         bf16_ws = _weights("bf16", n, k, 0)
         xla_args = {m: [(_activation("bf16", m, k), w) for w in bf16_ws] for m in rows}
         xla_us = {m: kernel_us(_XLA_BF16, xla_args[m], torch) for m in rows}
         for m, us in xla_us.items():
-            print(f"| {n} | {k} | bf16 | {m} | XLA bf16 | - | {us:.2f} | {wall_us(_XLA_BF16, xla_args[m]):.2f} | "
+            print(f"| {n} | {k} | bf16 | bf16 | {m} | XLA bf16 | - | {us:.2f} | {wall_us(_XLA_BF16, xla_args[m]):.2f} | "
                   f"{_nbytes(bf16_ws[0]) / us / 1e3:.0f} | | 1.00x | | |", flush=True)
         del bf16_ws
-        for fb in ("mxfp4", "nvfp4"):
+        for fb in dict.fromkeys(b for _, b in pairs):
             ws, nb, read_us = _weights_and_read(torch, fb, n, k)
-            print(f"| {n} | {k} | {fb} | - | same-size read | {nb / 1e6:.1f} MB | {read_us:.2f} | | "
+            print(f"| {n} | {k} | - | {fb} | - | same-size read | {nb / 1e6:.1f} MB | {read_us:.2f} | | "
                   f"{nb / read_us / 1e3:.0f} | 100% | | | |", flush=True)
-            for m in rows:
-                xa = _activation("bf16", m, k)
-                p = GemmProblem(1, False, m, n, k, "bf16", _KIND[fb], "bf16")
+            for fa, m in ((fa, m) for fa, b in pairs if b == fb for m in rows):
+                xa = _activation(fa, m, k)
+                p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
                 picked = jb.explain(xa, ws[0]).kernel
                 base = decode_wgmma.default_config(p)
-                for label, module, cfg in (
-                        ("decode", decode, decode.default_config(p, "sm_90").replace(kernel="decode")),
-                        ("decode_wgmma", decode_wgmma, base)):
+                candidates = [("decode", decode, decode.default_config(p, "sm_90").replace(kernel="decode")),
+                              ("decode_wgmma", decode_wgmma, base)]
+                if m > 16:  # where decode.py is opt-in: the upcast path is what dispatch would run instead
+                    candidates.append(("upcast", upcast, upcast.default_config(p, "sm_90").replace(kernel="upcast")))
+                for label, module, cfg in candidates:
                     desc = (f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps}"
                             + (" gemv" if cfg.gemv else "") + (" atomic" if cfg.atomic_split_k else ""))
                     try:
                         module.check_config(p, cfg)
                         err = _checked(xa, ws[0], cfg)
                         if not err < 1e-4:
-                            print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | WRONG | | | | | | {err:.1e} |")
+                            print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | {desc} | WRONG | | | | | | {err:.1e} |")
                             continue
                         fn = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
                         us = kernel_us(fn, [(xa, w) for w in ws], torch)
                         wall = wall_us(fn, [(xa, w) for w in ws])
                     except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
-                        print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:80]} |")
+                        print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:80]} |")
                         continue
                     mark = "yes" if label == picked else ""
-                    print(f"| {n} | {k} | {fb} | {m} | {label} | {desc} | {us:.2f} | {wall:.2f} | {nb / us / 1e3:.0f} | "
+                    print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | {desc} | {us:.2f} | {wall:.2f} | {nb / us / 1e3:.0f} | "
                           f"{100 * read_us / us:.0f}% | {xla_us[m] / us:.2f}x | {mark} | {err:.1e} |", flush=True)
             del ws
 
@@ -567,7 +580,10 @@ def main(argv=None):
     ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
-    ap.add_argument("--wgmma", action="store_true", help="fp4 weights at 1-16 rows: decode_wgmma vs decode.py")
+    ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py per format pair, 1-16 rows")
+    ap.add_argument("--pairs", default=None, help="--wgmma: x:w format pairs, e.g. bf16:mxfp8,mxfp8:mxfp4 "
+                    "(default bf16:mxfp4,bf16:nvfp4)")
+    ap.add_argument("--rows", default=None, help="--wgmma: activation rows, e.g. 2,16,32 (default 1,2,4,8,16)")
     ap.add_argument("--shapes", default=None, help="NxK,NxK,... (--wgmma; default: every issue shape)")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
@@ -576,7 +592,9 @@ def main(argv=None):
     torch = _torch()
     if args.wgmma:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
-        wgmma_table(torch, shapes)
+        pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else WGMMA_PAIRS
+        rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else WGMMA_ROWS
+        wgmma_table(torch, shapes, rows, pairs)
     elif args.gemv_shapes:
         gemv_shapes(torch)
     elif args.gemv_decode:

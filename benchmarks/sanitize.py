@@ -75,7 +75,7 @@ def _matmul_cases(small: bool):
         ("decode", "gemv_block_fp8", "fp8_block", "fp8_block", (2, 1024), 130,
          TileConfig(block_m=2, block_n=8, block_k=256, group_m=1, num_warps=4, num_stages=3, gemv=True,
                     prefetch=False, kernel="decode")),
-        # The Gluon fp4 decode kernel: dispatch's pick (5 rows, K padded to 17 chunks: 17 one-chunk splits, N
+        # The Gluon decode kernel: dispatch's pick (5 rows, K padded to 17 chunks: 17 one-chunk splits, N
         # one past a tile), and forced onto 128-code chunks, a 2-stage ring, fp32-atomic split-K and 16
         # batched rows.
         ("decode_wgmma", "default", "bf16", "mxfp4", (5, 4160), 129, None),
@@ -83,6 +83,12 @@ def _matmul_cases(small: bool):
         ("decode_wgmma", "nvfp4_chunk128_atomic_split2", "bf16", "nvfp4", (2, 8, 1024), 130,
          TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, split_k=2, num_warps=4, num_stages=2,
                     atomic_split_k=True, kernel="decode_wgmma")),
+        # ... with quantized activations (dispatch's pick for mxfp8 x mxfp4: rows past M read row M - 1), and
+        # mxfp8 weights (opt-in: 256-byte ring rows) forced with a ragged N.
+        ("decode_wgmma", "mxfp8_x_mxfp4", "mxfp8", "mxfp4", (7, 4160), 129, None),
+        ("decode_wgmma", "mxfp8_weights", "bf16", "mxfp8", (3, 2048), 131,
+         TileConfig(block_m=16, block_n=64, block_k=128, group_m=1, split_k=2, num_warps=4, num_stages=3,
+                    kernel="decode_wgmma")),
         # The persistent block FP8 kernel: dispatch's pick at an odd large shape, and forced onto a batched
         # problem with fewer programs than tiles (each program loops over several).
         ("block_fp8_persistent", "default", "fp8_block", "fp8_block", (1025, 1152), 1030, None),

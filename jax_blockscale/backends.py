@@ -65,12 +65,12 @@ _DECODE_PAIRS = frozenset(
 )
 DECODE_MAX_ROWS = 64
 _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4, "e4m3", "e5m2"))
-# The Gluon decode kernel for fp4 weights on Hopper (_triton/decode_wgmma.py).
+# The Gluon decode kernel on Hopper (_triton/decode_wgmma.py): fp4 weights with bf16 activations, or with quantized
+# activations of their scale family (MX activations x mxfp4, nvfp4 x nvfp4), decoded once per program.
 _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
-# H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-11-23_
-# session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
-# (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
-# at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
+_DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
+# What else it takes (decode_wgmma.SUPPORTED): mxfp8 weights, measured slower than decode.py (opt-in below).
+_DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
 _DECODE_WGMMA_WHY = ("decode (one fp4 weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
                      "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
                      "kernel; ")
@@ -114,10 +114,25 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # not measured yet.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast", _DECODE_WGMMA_WHY + _DECODE_WGMMA_MEASURED,
                     max_rows=16, min_rows=2, named_configs_only=True),
+        # H100, 2026-11-23, kernel time, against decode.py's kernels (benchmarks/results/decode_wgmma_pairs_h100_
+        # 2026-11-23_session15.md): at 16 rows 1.45-2.08x (mxfp8 x mxfp4 11.77 / 16.06 / 23.95 us against 17.11 /
+        # 30.31 / 49.88 at 7168 x 2048 / 4096 / 7168; mxfp4 x mxfp4 2.0-2.9x; nvfp4 x nvfp4 1.23-1.54x), at 8 rows
+        # 1.40-1.90x, at 2 rows 0.88-1.35x (K = 2048 below 1.0). At 32 rows against the upcast path dispatch runs
+        # there: 0.84-1.10x for MX activations x mxfp4 (slower at K = 2048), so 17-32 rows stay on upcast.
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_QUANTIZED_X, "upcast",
+                    _DECODE_WGMMA_WHY + "the quantized activations decoded to bf16 once per program; 1.45-2.9x "
+                    "decode.py's kernels at 16 rows (mxfp8 x mxfp4 1.17-1.71x XLA's bf16 dot, where decode.py ran at "
+                    "0.80-0.82x) on an H100 (2026-11-23)", max_rows=16, min_rows=2, named_configs_only=True),
         KernelEntry("decode_wgmma", frozenset({("bf16", "e2m1")}), "upcast",
                     _DECODE_WGMMA_WHY + "activations padded to 32 rows; 1.12-1.50x the upcast path below at 17 and "
                     "32 rows (H100, 7168 x 4096 and 8192^2; nvfp4 there was 0.85-1.07x, so it keeps upcast)",
                     max_rows=32, min_rows=17, named_configs_only=True),
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
+                    "conversion", max_rows=32, named_configs_only=True,
+                    opt_in="slower than decode.py for mxfp8 weights on an H100 (2026-11-23, kernel time, 16 rows: "
+                           "bf16 x mxfp8 13.55 vs 10.44 us at 7168 x 2048, mxfp8 x mxfp8 21.30 vs 17.27 us at "
+                           "7168 x 4096): 8-bit codes double the bytes per element and their decode (~3.4 "
+                           "instructions per element) leaves the kernel issue-bound"),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",

@@ -17,13 +17,16 @@ def enable_entry(monkeypatch, target: str, module: str) -> None:
     set_opt_in(monkeypatch, target, module, None)
 
 
-# The activation rows at which sm_90 dispatch sends bf16 activations x fp4 weights to the Gluon decode kernel
-# (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not read it.
-DECODE_WGMMA_ROWS = {"mxfp4": (2, 32), "nvfp4": (2, 16)}
+# The activation rows at which sm_90 dispatch sends fp4 weights to the Gluon decode kernel, per (activations,
+# weights) format (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not
+# read it: bf16 activations x mxfp4 at 2-32 rows; MX activations x mxfp4 and bf16 or nvfp4 activations x nvfp4 at
+# 2-16.
+DECODE_WGMMA_ROWS = {("bf16", "mxfp4"): (2, 32), **{(fa, "mxfp4"): (2, 16) for fa in ("mxfp8", "mxfp8_e5m2", "mxfp4")},
+                     ("bf16", "nvfp4"): (2, 16), ("nvfp4", "nvfp4"): (2, 16)}
 
 
 def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:
     """The decode kernel sm_90 dispatch picks for activations `fa` x weights `fb` at `rows` rows (<= 64,
     the opt-in decode entry enabled): decode_wgmma where DECODE_WGMMA_ROWS says, else decode."""
-    lo, hi = DECODE_WGMMA_ROWS.get(fb, (1, 0)) if fa == "bf16" else (1, 0)
+    lo, hi = DECODE_WGMMA_ROWS.get((fa, fb), (1, 0))
     return "decode_wgmma" if lo <= rows <= hi else "decode"

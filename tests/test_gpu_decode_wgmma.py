@@ -1,8 +1,9 @@
-"""GPU tests of the Gluon fp4 decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
+"""GPU tests of the Gluon decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
 
 Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
 the rows dispatch sends them (mxfp4 2-32, nvfp4 2-16), and with its knobs forced (chunk, warps, split-K count
-and reduction, 32 padded rows),
+and reduction, 32 padded rows); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4) with the
+kernel's config forced;
 on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
 bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
 split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
@@ -26,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
 ]
 
-KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4"}
+KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "mxfp8_e5m2": "e5m2", "bf16": "bf16"}
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +36,17 @@ def _hopper():
         pytest.skip("the wgmma decode kernel runs on sm_90 only")
 
 
-def _operands(fb, m, n, k, seed=0, batch=()):
+def _operands(fb, m, n, k, seed=0, batch=(), fa="bf16"):
     rng = np.random.default_rng(seed)
     a = jnp.asarray(rng.standard_normal(batch + (m, k)).astype(np.float32)).astype(jnp.bfloat16)
     w = jnp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
+    if fa != "bf16":
+        a = jb.quantize_operand(a, fa, side="a")
     return a, jb.quantize_operand(w, fb, side="b")
 
 
-def _config(fb, m, n, k, **changes):
-    p = GemmProblem(1, False, m, n, k + (-k % 256), "bf16", KINDS[fb], "bf16")
+def _config(fb, m, n, k, fa="bf16", **changes):
+    p = GemmProblem(1, False, m, n, k + (-k % 256), KINDS[fa], KINDS[fb], "bf16")
     return decode_wgmma.default_config(p).replace(**changes)
 
 
@@ -88,6 +91,38 @@ def test_every_knob(fb, changes):
     _check(a, b, config=_config(fb, m, n, k, **changes))
 
 
+# 8-bit weights and quantized activations (decoded once per program into the staged bf16 tile), forced with
+# the kernel's own config: which of them dispatch sends here is the table's (measured) choice.
+QUANTIZED_PAIRS = [("bf16", "mxfp8"), ("bf16", "mxfp8_e5m2"), ("mxfp8", "mxfp8"), ("mxfp8", "mxfp4"),
+                   ("mxfp8_e5m2", "mxfp8"), ("mxfp4", "mxfp4"), ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")]
+
+
+@pytest.mark.parametrize("fa,fb", QUANTIZED_PAIRS)
+@pytest.mark.parametrize("m,n,k", [(2, 7168, 4096), (16, 1000, 1000), (32, 64, 2048)])
+def test_quantized_activations_and_8bit_weights(fa, fb, m, n, k):
+    a, b = _operands(fb, m, n, k, seed=5, fa=fa)
+    _check(a, b, config=_config(fb, m, n, k, fa=fa, block_m=16 if m <= 16 else 32))
+
+
+@pytest.mark.parametrize("fa,fb,m", [("mxfp8", "mxfp4", 2), ("mxfp8", "mxfp4", 16), ("mxfp8", "mxfp4", 8),
+                                     ("mxfp8_e5m2", "mxfp4", 9), ("mxfp4", "mxfp4", 16), ("nvfp4", "nvfp4", 3),
+                                     ("nvfp4", "nvfp4", 16)])
+def test_quantized_activations_as_dispatched(fa, fb, m):
+    a, b = _operands(fb, m, 7168, 4096, seed=7, fa=fa)
+    assert jb.explain(a, b).kernel == "decode_wgmma"
+    _check(a, b)
+    _check(a, b, out_dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("fa,fb", [("bf16", "mxfp8"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4")])
+@pytest.mark.parametrize("changes", [dict(block_k=128), dict(num_warps=8, block_n=128), dict(split_k=1),
+                                     dict(atomic_split_k=True), dict(num_stages=2)])
+def test_quantized_pairs_every_knob(fa, fb, changes):
+    m, n, k = 7, 1000, 2048
+    a, b = _operands(fb, m, n, k, seed=6, fa=fa)
+    _check(a, b, config=_config(fb, m, n, k, fa=fa, **changes))
+
+
 def test_batched_activations_and_nvfp4_tensor_scales():
     a, b = _operands("nvfp4", 3, 777, 512, seed=2, batch=(2,))
     b = dataclasses.replace(b, tensor_scale=b.tensor_scale * 0.375)
@@ -115,9 +150,9 @@ def test_special_values_match_the_reference():
     w[2] *= 1e30
     w[3, 5] = np.nan
     a = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32)).astype(jnp.bfloat16)
-    for fb in ("mxfp4", "nvfp4"):
+    for fb in ("mxfp4", "nvfp4", "mxfp8"):
         b = jb.quantize_operand(jnp.asarray(w), fb, side="b")
-        out = np.asarray(_run(a, b))
+        out = np.asarray(_run(a, b, _config(fb, m, n, k)))
         ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
         np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
         fin = np.isfinite(ref)

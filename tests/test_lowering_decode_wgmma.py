@@ -1,4 +1,4 @@
-"""The Gluon fp4 decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
+"""The Gluon decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
 
 Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 at 2-32 and nvfp4 at 2-16 activation rows), its
 configuration rules, and what the compiled kernel promises: the weight streams through a ring of 16-byte
@@ -37,12 +37,32 @@ def _problem(m=16, n=7168, k=4096, kind="e2m1"):
     ("sm_90", "mxfp4", 17, "decode_wgmma"),   # mxfp4 up to 32 rows (padded to wgmma n32) ...
     ("sm_90", "nvfp4", 17, "upcast"),         # ... nvfp4 measured faster on the upcast path there
     ("sm_90", "mxfp4", 33, "upcast"),
-    ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: not this kernel
+    ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: measured slower here (opt-in)
     ("sm_100", "mxfp4", 16, "decode"),        # wgmma is Hopper's
 ])
 def test_dispatch(target, fb, rows, want):
     kind = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3"}[fb]
     assert backends.choose(target, "bf16", kind, rows=rows, n=7168, k=4096).kernel == want
+
+
+@pytest.mark.parametrize("fa,fb,rows,want", [
+    ("e4m3", "e2m1", 2, "decode_wgmma"), ("e4m3", "e2m1", 17, "upcast"), ("e5m2", "e2m1", 16, "decode_wgmma"),
+    ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"), ("e4m3", "e2m1", 16, "decode_wgmma"),
+    ("nvfp4", "nvfp4", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 17, "upcast"),
+    ("e4m3", "e4m3", 16, "decode"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in
+])
+def test_dispatch_quantized_activations(fa, fb, rows, want):
+    assert backends.choose("sm_90", fa, fb, rows=rows, n=7168, k=4096).kernel == want
+    # every pair the kernel takes is reachable by naming it
+    assert backends.choose("sm_90", fa, fb, rows=rows, kernel="decode_wgmma").kernel == "decode_wgmma"
+
+
+def test_the_table_lists_what_the_kernel_takes():
+    pairs = set()
+    for e in backends.KERNEL_TABLE["sm_90"]:
+        if e.module == "decode_wgmma":
+            pairs |= e.pairs
+    assert pairs == dw.SUPPORTED
 
 
 def test_a_callers_own_config_skips_it():
@@ -85,17 +105,25 @@ def test_check_config_says_why(changes, match):
         dw.check_config(_problem(m=17), dw.default_config(_problem()))
 
 
-def _compile(group, chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3):
-    sig = dict(w_ptr="*u8", s_ptr="*fp8e4nv" if group == 16 else "*u8", x_ptr="*bf16", a_ts_ptr="*fp32",
-               b_ts_ptr="*fp32", out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
-    return compile_kernel(dw.decode_fp4_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
-                          constexprs=dict(M=16, N=7168, K=k, BM=16, GROUP=group, CHUNK=chunk, SPLIT_K=split,
-                                          STAGES=stages, ATOMIC=atomic, WIDE=False)).asm["ptx"]
+_PTR = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m1": "*u8", "nvfp4": "*u8"}
 
 
-@pytest.mark.parametrize("group,chunk,warps", [(32, 256, 4), (16, 256, 4), (32, 128, 8)])
-def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(group, chunk, warps):
-    ptx = _compile(group, chunk, warps)
+def _compile(w_kind, x_kind="bf16", chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3):
+    sig = dict(w_ptr=_PTR[w_kind], s_ptr="*fp8e4nv" if w_kind == "nvfp4" else "*u8", x_ptr=_PTR[x_kind],
+               xs_ptr={"bf16": "*bf16", "nvfp4": "*fp8e4nv"}.get(x_kind, "*u8"), a_ts_ptr="*fp32", b_ts_ptr="*fp32",
+               out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
+    return compile_kernel(dw.decode_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
+                          constexprs=dict(M=16, N=7168, K=k, BM=16, W_KIND=w_kind, X_KIND=x_kind, CHUNK=chunk,
+                                          SPLIT_K=split, STAGES=stages, ATOMIC=atomic, WIDE=False)).asm["ptx"]
+
+
+@pytest.mark.parametrize("w_kind,x_kind,chunk,warps", [
+    ("e2m1", "bf16", 256, 4), ("nvfp4", "bf16", 256, 4), ("e2m1", "bf16", 128, 8), ("e4m3", "bf16", 256, 4),
+    ("e5m2", "bf16", 128, 4), ("e4m3", "e4m3", 256, 4), ("e2m1", "e4m3", 256, 4), ("e2m1", "e2m1", 128, 4),
+    ("nvfp4", "nvfp4", 256, 4),
+])
+def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(w_kind, x_kind, chunk, warps):
+    ptx = _compile(w_kind, x_kind, chunk, warps)
     # 16-byte cp.async copies of the weight rows (the scales' copies are 4 bytes), a ring slot per step.
     assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::\d+B)? \[[^]]+\], \[[^]]+\], 0x10", ptx)
     assert "cp.async.wait_group" in ptx
@@ -106,8 +134,16 @@ def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(group, chun
     assert "atom.global.gpu.acq_rel" in ptx or "atom.acq_rel.gpu.global" in ptx
 
 
+@pytest.mark.parametrize("w_kind,cvt", [("e4m3", "cvt.rn.f16x2.e4m3x2"), ("e5m2", "cvt.rn.f16x2.e5m2x2")])
+def test_8bit_weights_decode_by_hardware_conversion(w_kind, cvt):
+    # 4 codes: two cvt to f16x2, widened and packed to bf16x2, one bf16x2 multiply by the scale per pair;
+    # 256-code chunks: 64 rows x 256 codes over 128 threads = 128 codes per thread and step.
+    ptx = _compile(w_kind)
+    assert ptx.count(cvt) == 128 // 2 and ptx.count("fma.rn.bf16x2") == 128 // 2
+
+
 def test_atomic_split_k_adds_fp32_atomics():
-    ptx = _compile(32, atomic=True)
+    ptx = _compile("e2m1", atomic=True)
     assert "atom.global.gpu.relaxed.add.f32" in ptx or "red.global.gpu.relaxed.add.f32" in ptx
 
 
@@ -116,7 +152,7 @@ def test_matmul_lowers_to_it(hopper):
     w = jb.quantize_operand(jnp.zeros((777, 1000), jnp.float32), "nvfp4", side="b")
     lowered = jax.jit(lambda x, w: jb.matmul(x, w)).trace(x, w).lower(lowering_platforms=("cuda",))
     (ptx,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
-    assert "decode_fp4_wgmma_kernel" in ptx
+    assert "decode_wgmma_kernel" in ptx
     assert WGMMA_REG_A.search(ptx)
     assert jb.explain(x, w, target="sm_90").kernel == "decode_wgmma"
 

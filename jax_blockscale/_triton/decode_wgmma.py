@@ -1,7 +1,11 @@
-"""Decode GEMM for fp4 weights on Hopper: the weight decoded straight into wgmma's register operand (Gluon).
+"""Decode GEMM on Hopper: the weight decoded straight into wgmma's register operand (Gluon).
 
-bf16 activations x an mxfp4 or nvfp4 weight w (N, K) at 2-32 rows (dispatch: mxfp4 2-32, nvfp4 2-16), one
-kernel per matmul: a serving step, where the matmul streams the weight once.
+Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-32 activation rows, with bf16 activations or quantized
+ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
+the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16
+activations x mxfp4 at 2-32 rows, MX activations x mxfp4 and bf16 or nvfp4 activations x nvfp4 at 2-16. mxfp8
+weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per element, and their
+decode keeps the kernel issue-bound).
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
 MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
@@ -21,7 +25,11 @@ operand has in registers:
   thread and row piece; 4-byte copies for the scales), one commit group per chunk.
 - fp4 codes become bf16 by bit placement (`decode._fp4_pair_ptx`), two exact bf16 multiplies per pair (the
   e2m1 bias, then the group's scale: e8m0 for mxfp4, e4m3 for nvfp4, whose tensor scales multiply the
-  fp32 result).
+  fp32 result). 8-bit codes: the hardware's exact conversion to f16x2, widened to bf16, one bf16 multiply
+  by the scale (`_fp8_quad_ptx`). 16-byte vectors hold 32 fp4 or 16 8-bit codes; `_slots` relabels K for
+  either.
+- Quantized activations are decoded with their scales while they are staged into shared memory, once per
+  program (`_stage_activations`): the activations are tiny next to the weight.
 - Grid (cdiv(N, 64), SPLIT_K): about seven short programs per SM, each one or a few 256-code chunks of
   its 64 rows. Programs looping over several N tiles with the next tile's chunks in flight measured slower.
 
@@ -56,14 +64,42 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
 from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
+from .upcast import minifloat_to_f32
 from .problem import NVFP4, GemmProblem, TileConfig
 
-SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
+# Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
+# weight's scale family (MX 8-bit or fp4 with an MX weight, nvfp4 with nvfp4), decoded once per program.
+W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
+_MX_X_KINDS = ("e4m3", "e5m2", "e2m1")
+SUPPORTED: frozenset[tuple[str, str]] = frozenset(
+    {("bf16", w) for w in W_KINDS} | {(x, w) for x in _MX_X_KINDS for w in W_KINDS if w != NVFP4} | {(NVFP4, NVFP4)})
 # The activations padded to wgmma's N side. 64 measured 1.2-2.1x slower than the upcast path (H100, 255
 # registers per thread: benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md).
 BLOCK_MS = (16, 32)
 ROWS_PER_WARP = 16  # weight rows per warp: a warp group's m64 tile is four warps' 16
 _INT32_LIMIT = 2**31
+
+
+def _fp8_quad_ptx(kind: str) -> str:
+    """PTX for `inline_asm_elementwise(pack=4)`: 4 e4m3 / e5m2 codes in $2 and their 4 bf16 scales in $3
+    (codes 0, 1) and $4 (codes 2, 3) -> the 4 scaled values as bf16 in $0 (0, 1) and $1 (2, 3).
+
+    cvt to f16x2 is exact (every e4m3 / e5m2 value is an f16 value) and one instruction per pair; f16 to f32
+    and the pack to bf16x2 are exact again (at most 4 significant bits); the scale multiply is exact where the
+    product stays in bf16's range (module docstring). Triton's own widening ran the multiply in f32: 3
+    instructions per element against these 2.5 (sm_90 SASS)."""
+    return ("{\n.reg .b16 c01, c23, h0, h1, h2, h3;\n.reg .b32 p01, p23, z;\n.reg .f32 f0, f1, f2, f3;\n"
+            "mov.b32 z, 0x80008000;\n"  # -0.0 x2: the fma's exact addend (bf16x2 fma has no immediates)
+            "mov.b32 {c01, c23}, $2;\n"
+            f"cvt.rn.f16x2.{kind}x2 p01, c01;\ncvt.rn.f16x2.{kind}x2 p23, c23;\n"
+            "mov.b32 {h0, h1}, p01;\nmov.b32 {h2, h3}, p23;\n"
+            "cvt.f32.f16 f0, h0;\ncvt.f32.f16 f1, h1;\ncvt.f32.f16 f2, h2;\ncvt.f32.f16 f3, h3;\n"
+            "cvt.rn.bf16x2.f32 p01, f1, f0;\ncvt.rn.bf16x2.f32 p23, f3, f2;\n"
+            "fma.rn.bf16x2 $0, p01, $3, z;\nfma.rn.bf16x2 $1, p23, $4, z;\n}")
+
+
+_E4M3_PTX = gl.constexpr(_fp8_quad_ptx("e4m3"))
+_E5M2_PTX = gl.constexpr(_fp8_quad_ptx("e5m2"))
 
 
 @gluon.constexpr_function
@@ -73,59 +109,98 @@ def _pow2(n: int) -> list[int]:
 
 
 @gluon.constexpr_function
-def _weight_layout(num_warps, chunk, group_bytes):
-    """(rows, groups, bytes) layout of a (16 * num_warps, chunk / 2 / group_bytes, group_bytes) chunk of
-    packed codes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 and, of each 64-byte piece of
+def _weight_layout(num_warps, chunk_bytes, group_bytes):
+    """(rows, groups, bytes) layout of a (16 * num_warps, chunk_bytes / group_bytes, group_bytes) chunk of
+    weight bytes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 and, of each 64-byte piece of
     their bytes, the t-th 16 bytes (one vector; a row quad's load covers 64 contiguous bytes), i.e. wgmma's
     A fragment of those rows after `_slots`."""
     def at(byte):  # a byte offset within the row's chunk -> (group, byte in group)
         return [0, byte // group_bytes, byte % group_bytes]
-    regs = [at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk // 128)] + [[8, 0, 0]]
+    regs = [at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk_bytes // 64)] + [[8, 0, 0]]
     lanes = [at(16), at(32)] + [[r, 0, 0] for r in (1, 2, 4)]
     warps = [[16 * w, 0, 0] for w in _pow2(num_warps)]
     return gl.DistributedLinearLayout(regs, lanes, warps, [],
-                                      [16 * num_warps, chunk // 2 // group_bytes, group_bytes])
+                                      [16 * num_warps, chunk_bytes // group_bytes, group_bytes])
 
 
 @gluon.constexpr_function
-def _bytes_layout(num_warps, chunk):
-    """`_weight_layout` as a 2D (rows, chunk / 2 bytes) layout: what a thread reads from the ring."""
-    regs = [[0, b] for b in _pow2(16)] + [[0, 64 * h] for h in _pow2(chunk // 128)] + [[8, 0]]
+def _bytes_layout(num_warps, chunk_bytes):
+    """`_weight_layout` as a 2D (rows, chunk_bytes) layout: what a thread reads from the ring."""
+    regs = [[0, b] for b in _pow2(16)] + [[0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[8, 0]]
     lanes = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
     warps = [[16 * w, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk // 2])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk_bytes])
 
 
 @gluon.jit
-def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr):
-    """(R, CHUNK) in true K order -> (R, CHUNK) in wgmma slot order: quarter t of each 128-code piece h
-    (k = 128 h + 32 t + 4 j + 2 eh + el) becomes slots {2t, 2t + 1, 2t + 8, 2t + 9} of k16 step 8 h + j.
-    Reshapes and a permute only: with the layouts above, no data moves."""
-    v = gl.reshape(v, [R, CHUNK // 128, 4, 8, 2, 2])
+def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr):
+    """(R, CHUNK) in true K order -> (R, CHUNK) in wgmma slot order, for V codes per 16-byte vector (32 fp4,
+    16 8-bit): quarter t of each 4V-code piece h (k = 4V h + V t + 4 j + 2 eh + el) becomes slots
+    {2t, 2t + 1, 2t + 8, 2t + 9} of k16 step (V / 4) h + j. Reshapes and a permute only: with the layouts
+    above, no data moves."""
+    v = gl.reshape(v, [R, CHUNK // (4 * V), 4, V // 4, 2, 2])
     v = gl.permute(v, [0, 1, 3, 4, 2, 5])       # (h, j, eh, t, el)
-    return gl.reshape(v, [R, CHUNK])            # slot = 16 (8 h + j) + 8 eh + 2 t + el
+    return gl.reshape(v, [R, CHUNK])            # slot = 16 ((V / 4) h + j) + 8 eh + 2 t + el
 
 
 @gluon.jit
-def _decode(packed, raw_s, GROUP: gl.constexpr):
-    """Packed fp4 codes (R, groups, bytes) and their raw scales (R, groups) -> the codes' scaled values,
-    (R, groups, bytes, 2) bf16, the even code (the low nibble) first: (R, CHUNK) in K order once reshaped."""
-    if GROUP == 16:
+def _decode(packed, raw_s, W_KIND: gl.constexpr):
+    """Weight bytes (R, groups, bytes) and their raw scales (R, groups) -> the codes' scaled values in bf16:
+    fp4 (R, groups, bytes, 2), the even code (the low nibble) first; 8-bit codes (R, groups, bytes). Either
+    is (R, CHUNK) in K order once reshaped. Exact (module docstring)."""
+    if W_KIND == "nvfp4":
         s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
     else:
         s = e8m0_to_bf16(raw_s)
     s = gl.broadcast(s[:, :, None], packed)[0]
-    lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
-                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-    return gl.join(lo, hi)  # (R, groups, bytes, 2): the even code is the low nibble
+    if W_KIND == "e2m1" or W_KIND == "nvfp4":
+        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        w = gl.join(lo, hi)  # (R, groups, bytes, 2): the even code is the low nibble
+    else:  # e4m3 / e5m2: hardware conversion to f16x2, widened to bf16, then one exact bf16 multiply
+        ptx: gl.constexpr = _E4M3_PTX if W_KIND == "e4m3" else _E5M2_PTX
+        w = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [packed.to(gl.uint8, bitcast=True), s],
+                                      dtype=gl.bfloat16, is_pure=True, pack=4)
+    return w
+
+
+@gluon.jit
+def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
+                       CHUNK: gl.constexpr, X_KIND: gl.constexpr, XL: gl.constexpr):
+    """Activation rows 0..BM-1 (rows >= M zero) at K offset k0 as (BM, CHUNK) bf16 in K order. Quantized
+    kinds are decoded with their scales here, once per program (the activations are tiny): the MX kinds
+    times their e8m0 scales, nvfp4 times its e4m3 ones (its tensor scale multiplies the fp32 result). Exact
+    in bf16 unless a value leaves bf16's range, as the weight's decode."""
+    xm = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
+    xk = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, XL))
+    in_m = xm[:, None] < M
+    if X_KIND == "bf16":
+        x = gl.load(x_ptr + xm[:, None] * K + k0 + xk[None, :], mask=in_m, other=0.0)
+    else:
+        GROUP: gl.constexpr = 16 if X_KIND == "nvfp4" else 32
+        # Rows past M read row M - 1 (no float8 `other` exists) and are zeroed below.
+        rows = gl.minimum(xm, M - 1)[:, None]
+        raw_s = gl.load(xs_ptr + rows * (K // GROUP) + (k0 + xk[None, :]) // GROUP)
+        if X_KIND == "nvfp4":
+            s = raw_s.to(gl.float32)
+        else:
+            s = e8m0_to_bf16(raw_s).to(gl.float32)
+        if X_KIND == "e2m1" or X_KIND == "nvfp4":
+            # byte k // 2 holds code k in its low (k even) or high (k odd) nibble
+            byte = gl.load(x_ptr + rows * (K // 2) + (k0 + xk[None, :]) // 2)
+            v = minifloat_to_f32(byte >> ((xk[None, :] % 2) * 4).to(gl.uint8), 2, 1, 0)
+        else:
+            v = gl.load(x_ptr + rows * K + k0 + xk[None, :]).to(gl.float32)
+        x = gl.where(in_m, v * s, 0.0).to(gl.bfloat16)
+    return x
 
 
 @gluon.jit
 def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-                GROUP: gl.constexpr, CHUNK: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr,
+                GROUP: gl.constexpr, CHUNK: gl.constexpr, EPB: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr,
                 CL: gl.constexpr, SCL: gl.constexpr, WIDE: gl.constexpr):
-    """cp.async of chunk c of the program's split (if it has one: c < NC) into ring slot c % STAGES: packed
-    codes (R, CHUNK / 2) and raw scales (R, CHUNK / GROUP) of rows n0 .. n0 + R - 1. Rows past N read row
+    """cp.async of chunk c of the program's split (if it has one: c < NC) into ring slot c % STAGES: weight
+    bytes (R, CHUNK / EPB) and raw scales (R, CHUNK / GROUP) of rows n0 .. n0 + R - 1. Rows past N read row
     N - 1; their results are never stored. One commit group per call, empty past the last chunk, so that
     wait_group counts chunks."""
     if c < NC:
@@ -133,9 +208,9 @@ def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N
         rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, CL)), N - 1)
         if WIDE:
             rows = rows.to(gl.int64)
-        cols = gl.arange(0, CHUNK // 2, layout=gl.SliceLayout(0, CL))
+        cols = gl.arange(0, CHUNK // EPB, layout=gl.SliceLayout(0, CL))
         async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
-                                               w_ptr + (rows[:, None] * (K // 2) + k0 // 2 + cols[None, :]))
+                                               w_ptr + (rows[:, None] * (K // EPB) + k0 // EPB + cols[None, :]))
         s_rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, SCL)), N - 1)
         s_cols = gl.arange(0, CHUNK // GROUP, layout=gl.SliceLayout(0, SCL))
         async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
@@ -179,24 +254,29 @@ def _epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, 
 
 
 @gluon.jit
-def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                            M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
-                            GROUP: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
-                            ATOMIC: gl.constexpr, WIDE: gl.constexpr):
-    """out (M, N) = a_ts * b_ts * x (M, K) @ decode(w (N, K / 2), s (N, K / GROUP)).T. ws: (SPLIT_K, M, N)
-    fp32 partials, or a zeroed (M, N) fp32 accumulator (ATOMIC); count: zeroed int32 per N tile; both
-    unused when SPLIT_K == 1. Grid (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K."""
+def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
+                        M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
+                        W_KIND: gl.constexpr, X_KIND: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr,
+                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr):
+    """out (M, N) = a_ts * b_ts * decode(x (M, K), xs) @ decode(w (N, K / epb), s (N, K / group)).T. xs: the
+    activations' scales (unread for bf16 ones). ws: (SPLIT_K, M, N) fp32 partials, or a zeroed (M, N) fp32
+    accumulator (ATOMIC); count: zeroed int32 per N tile; both unused when SPLIT_K == 1. Grid
+    (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K."""
     W: gl.constexpr = gl.num_warps()
     R: gl.constexpr = 16 * W                      # weight rows per program: one m64 tile per warp group
     KS: gl.constexpr = K // SPLIT_K
     NC: gl.constexpr = KS // CHUNK
-    L3: gl.constexpr = _weight_layout(W, CHUNK, GROUP // 2)
+    FP4: gl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
+    EPB: gl.constexpr = 2 if FP4 else 1           # codes per weight byte
+    GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
+    CB: gl.constexpr = CHUNK // EPB               # bytes of a weight row per chunk
+    L3: gl.constexpr = _weight_layout(W, CB, GROUP // EPB)
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
     XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # cp.async: 16 bytes per thread of a row's codes; >= 4 bytes per copy, so 4 scales (chunk / group >= 4).
-    CL: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CHUNK // 32), CHUNK // 32], [W, 1], [1, 0])
+    CL: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CB // 16), CB // 16], [W, 1], [1, 0])
     SCL: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (CHUNK // GROUP // 4), CHUNK // GROUP // 4], [W, 1], [1, 0])
     # The ring's 16-byte vectors swizzled across 8 rows: a row quad's loads hit distinct banks.
     WR: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, order=[1, 0])
@@ -207,19 +287,17 @@ def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws
     n0 = pid_n * R
     k_begin = pid_k * KS
 
-    w_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, CHUNK // 2], WR)
+    w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, R, CB], WR)
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, R, CHUNK // GROUP], SR)
     for c in gl.static_range(STAGES - 1):  # in flight while the activations are staged
-        _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R, N, K, GROUP, CHUNK, NC, STAGES, CL, SCL, WIDE)
+        _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R, N, K, GROUP, CHUNK, EPB, NC, STAGES, CL, SCL,
+                    WIDE)
 
-    # This split's activations, relabelled like the weight, in shared memory: (NC, BM, CHUNK).
+    # This split's activations, decoded and relabelled like the weight, in shared memory: (NC, BM, CHUNK).
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
-    xm = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
-    xk = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, XL))
     for c in gl.static_range(NC):
-        xv = gl.load(x_ptr + xm[:, None] * K + (k_begin + c * CHUNK) + xk[None, :], mask=xm[:, None] < M,
-                     other=0.0)
-        x_smem.index(c).store(_slots(xv, BM, CHUNK))
+        xv = _stage_activations(x_ptr, xs_ptr, k_begin + c * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
+        x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB))
     fence_async_shared()
 
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
@@ -227,14 +305,14 @@ def decode_fp4_wgmma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws
         async_copy.wait_group(STAGES - 2)  # chunk i's group has landed (this thread's copies) ...
         gl.thread_barrier()                # ... and every thread's; the slot read last iteration is free
         if STAGES - 1 < NC:  # else the prologue issued every chunk (and Triton 3.6 fails on the dead copies)
-            _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, i + STAGES - 1, n0, k_begin, R, N, K, GROUP, CHUNK, NC,
+            _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, i + STAGES - 1, n0, k_begin, R, N, K, GROUP, CHUNK, EPB, NC,
                         STAGES, CL, SCL, WIDE)
         else:
             async_copy.commit_group()  # an empty group: wait_group counts one group per chunk
-        packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CHUNK)), [R, CHUNK // GROUP, GROUP // 2])
+        packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
         raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
-        w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, GROUP), [R, CHUNK])
-        a = gl.convert_layout(_slots(w, R, CHUNK), A_OP)  # the layouts agree: no data moves
+        w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
+        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB), A_OP)  # the layouts agree: no data moves
         acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
     async_copy.wait_group(0)
     _epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
@@ -247,7 +325,10 @@ CHUNKS = (128, 256)  # K codes per step: 64 or 128 bytes of each weight row (16 
 # A program stages its split's activations in shared memory: block_m x K / split_k x 2 bytes, at most 64 KiB
 # (K / split_k <= 2048 at 16 rows, 1024 at 32).
 STAGED_BYTES = 64 * 1024
-MAX_STAGES = 8  # the ring: up to 8 x 16 KiB at 128 rows and 256-code chunks, beside the activations
+MAX_STAGES = 8
+# The weight ring beside the staged activations (the H100 gives a program up to 227 KiB): 8 x 16 KiB at 128
+# rows of 256 fp4 codes, or 4 stages of 256 8-bit codes there.
+RING_BYTES = 128 * 1024
 # Programs to aim for, about 7 per SM (H100, N=7168, K=4096, kernel time, 2026-11-23, M = 1 / 16, 3 stages:
 # 112 N tiles x 8 splits of 2 chunks, 12.7 / 15.6 us; x 16 splits of 1 chunk, 13.5 / 17.7 us; x 4 splits of 4
 # chunks, 14.5 / 16.4 us; programs looping over 2-7 N tiles (528 or 264 programs), 14.0-17.9 / 16.0-31.7 us;
@@ -258,7 +339,9 @@ _TARGET_PROGRAMS = 896
 def check_config(p: GemmProblem, config: TileConfig) -> None:
     rows = p.batch * p.m
     if (p.a_kind, p.b_kind) not in SUPPORTED:
-        raise ValueError(f"the wgmma decode kernel takes bf16 x mxfp4 / nvfp4, got {p.a_kind} x {p.b_kind}")
+        raise ValueError(f"the wgmma decode kernel takes mxfp4 / nvfp4 / mxfp8 weights with bf16 activations or "
+                         f"quantized ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), got "
+                         f"{p.a_kind} x {p.b_kind}")
     if p.b_batched:
         raise ValueError("the wgmma decode kernel needs an unbatched weight")
     if config.block_m not in BLOCK_MS or rows > config.block_m:
@@ -273,6 +356,10 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
     if not 2 <= config.num_stages <= MAX_STAGES:
         raise ValueError(f"num_stages (the weight ring's chunks) must be in [2, {MAX_STAGES}], got {config.num_stages}")
+    ring = config.num_stages * config.block_n * config.block_k // p.elements_per_byte("b")
+    if ring > RING_BYTES:
+        raise ValueError(f"the weight ring ({config.num_stages} stages x {config.block_n} rows x {config.block_k} codes) "
+                         f"takes {ring // 1024} KiB of shared memory, over {RING_BYTES // 1024}; lower num_stages")
     if config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES:
         raise ValueError(f"K per split ({p.k} / {config.split_k}) exceeds {STAGED_BYTES // (2 * config.block_m)} at "
                          f"block_m={config.block_m}: a program stages its "
@@ -306,20 +393,23 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     check_config(p, config)
     check_operands(p, a_values, a_scales, b_values, b_scales)
     rows = p.batch * p.m
-    x = a_values.reshape(rows, p.k)
+    x = a_values.reshape(rows, a_values.shape[-1])
+    # bf16 activations have no scales: their values again as the (unread) pointer, so the primitive's dummy
+    # scales are dead code (as in decode.py).
+    xs = x if p.a_kind == "bf16" else a_scales.reshape(rows, a_scales.shape[-1])
     a_ts, b_ts = tensor_scale_operands(alpha, a_ts, b_ts)
     n_tiles = triton.cdiv(p.n, config.block_n)
     split = config.split_k
     ws_shape, zeroed = split_k_workspace(rows, p.n, config)
     out, _, _ = scratch.scratch_call(
-        decode_fp4_wgmma_kernel, b_values, b_scales, x, a_ts, b_ts,
+        decode_wgmma_kernel, b_values, b_scales, x, xs, a_ts, b_ts,
         out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
                    jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)],
         zeroed_outputs=zeroed, grid=(n_tiles, split), num_warps=config.num_warps, num_stages=config.num_stages,
-        compute_capability=compute_capability, name=f"decode_wgmma_bf16_{p.b_kind}", maxnreg=config.max_registers,
-        M=rows, N=p.n, K=p.k, BM=config.block_m, GROUP=16 if p.b_kind == NVFP4 else 32, CHUNK=config.block_k,
-        SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
-        WIDE=p.n * (p.k // 2) >= _INT32_LIMIT,
+        compute_capability=compute_capability, name=f"decode_wgmma_{p.a_kind}_{p.b_kind}",
+        maxnreg=config.max_registers, M=rows, N=p.n, K=p.k, BM=config.block_m, W_KIND=p.b_kind, X_KIND=p.a_kind,
+        CHUNK=config.block_k, SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
+        WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT,
     )
     return out.reshape(p.batch, p.m, p.n)
