@@ -71,7 +71,11 @@ _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 _DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
 # What else it takes (decode_wgmma.SUPPORTED): mxfp8 weights, measured slower than decode.py (opt-in below).
 _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
-_DECODE_WGMMA_WHY = ("decode (one fp4 weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
+# bf16 x fp4: H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-
+# 11-23_session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
+# (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
+# at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
+_DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
                      "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
                      "kernel; ")
 _DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x at 2-16 rows, 1.2-2.0x XLA's bf16 "

@@ -103,7 +103,7 @@ for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False,
                       out_dtype="float32",
                       config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
-# (mxfp8 x mxfp4 at 2-32 rows dispatches to the Gluon kernel, which the interpreter cannot run: mxfp8 weights.)
+# (mxfp8 x mxfp4 at 2-16 rows dispatches to the Gluon kernel, which the interpreter cannot run: mxfp8 weights.)
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
                   ("mxfp8_e5m2", "mxfp8", 5), ("bf16", "mxfp6_e3m2", 64)):
     seed += 1
@@ -142,7 +142,8 @@ def test_decode_kernel_matches_reference(results, index):
     result, case = results[index], CASES[index]
     assert result["case"] == case
     # Dispatch sends every weight format to decode.py here, except fp4 weights at some rows (bf16 or quantized
-    # activations), which it sends to the Gluon kernel (decode_wgmma, not run by Triton's interpreter); those cases pass decode.py configs.
+    # activations), which it sends to the Gluon kernel (decode_wgmma, not run by Triton's interpreter); those
+    # cases pass decode.py configs.
     dispatched = sm90_decode_kernel(case["fa"], case["fb"], case["m"] * _batch(case))
     assert result["kernel"] == dispatched, result
     assert dispatched == "decode" or case.get("config"), case

@@ -64,15 +64,15 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
 from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
-from .upcast import minifloat_to_f32
+from .upcast import codes_to_f32, minifloat_to_f32, scales_to_f32
 from .problem import NVFP4, GemmProblem, TileConfig
 
 # Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
 # weight's scale family (MX 8-bit or fp4 with an MX weight, nvfp4 with nvfp4), decoded once per program.
-W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
+_W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
 _MX_X_KINDS = ("e4m3", "e5m2", "e2m1")
 SUPPORTED: frozenset[tuple[str, str]] = frozenset(
-    {("bf16", w) for w in W_KINDS} | {(x, w) for x in _MX_X_KINDS for w in W_KINDS if w != NVFP4} | {(NVFP4, NVFP4)})
+    {("bf16", w) for w in _W_KINDS} | {(x, w) for x in _MX_X_KINDS for w in _W_KINDS if w != NVFP4} | {(NVFP4, NVFP4)})
 # The activations padded to wgmma's N side. 64 measured 1.2-2.1x slower than the upcast path (H100, 255
 # registers per thread: benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md).
 BLOCK_MS = (16, 32)
@@ -168,9 +168,9 @@ def _decode(packed, raw_s, W_KIND: gl.constexpr):
 def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
                        CHUNK: gl.constexpr, X_KIND: gl.constexpr, XL: gl.constexpr):
     """Activation rows 0..BM-1 (rows >= M zero) at K offset k0 as (BM, CHUNK) bf16 in K order. Quantized
-    kinds are decoded with their scales here, once per program (the activations are tiny): the MX kinds
-    times their e8m0 scales, nvfp4 times its e4m3 ones (its tensor scale multiplies the fp32 result). Exact
-    in bf16 unless a value leaves bf16's range, as the weight's decode."""
+    kinds are decoded with their scales here, once per program (the activations are tiny), by upcast.py's
+    fp32 decode: the MX kinds times their e8m0 scales, nvfp4 times its e4m3 ones (its tensor scale multiplies
+    the fp32 result). Exact in bf16 unless a value leaves bf16's range, as the weight's decode."""
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
     xk = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, XL))
     in_m = xm[:, None] < M
@@ -180,17 +180,13 @@ def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: 
         GROUP: gl.constexpr = 16 if X_KIND == "nvfp4" else 32
         # Rows past M read row M - 1 (no float8 `other` exists) and are zeroed below.
         rows = gl.minimum(xm, M - 1)[:, None]
-        raw_s = gl.load(xs_ptr + rows * (K // GROUP) + (k0 + xk[None, :]) // GROUP)
-        if X_KIND == "nvfp4":
-            s = raw_s.to(gl.float32)
-        else:
-            s = e8m0_to_bf16(raw_s).to(gl.float32)
+        s = scales_to_f32(gl.load(xs_ptr + rows * (K // GROUP) + (k0 + xk[None, :]) // GROUP), X_KIND)
         if X_KIND == "e2m1" or X_KIND == "nvfp4":
             # byte k // 2 holds code k in its low (k even) or high (k odd) nibble
             byte = gl.load(x_ptr + rows * (K // 2) + (k0 + xk[None, :]) // 2)
             v = minifloat_to_f32(byte >> ((xk[None, :] % 2) * 4).to(gl.uint8), 2, 1, 0)
         else:
-            v = gl.load(x_ptr + rows * K + k0 + xk[None, :]).to(gl.float32)
+            v = codes_to_f32(gl.load(x_ptr + rows * K + k0 + xk[None, :]), X_KIND)
         x = gl.where(in_m, v * s, 0.0).to(gl.bfloat16)
     return x
 
