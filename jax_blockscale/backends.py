@@ -121,12 +121,16 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # H100, 2026-11-23, kernel time, against decode.py's kernels (benchmarks/results/decode_wgmma_pairs_h100_
         # 2026-11-23_session15.md): at 16 rows 1.45-2.08x (mxfp8 x mxfp4 11.77 / 16.06 / 23.95 us against 17.11 /
         # 30.31 / 49.88 at 7168 x 2048 / 4096 / 7168; mxfp4 x mxfp4 2.0-2.9x; nvfp4 x nvfp4 1.23-1.54x), at 8 rows
-        # 1.40-1.90x, at 2 rows 0.88-1.35x (K = 2048 below 1.0). At 32 rows against the upcast path dispatch runs
-        # there: 0.84-1.10x for MX activations x mxfp4 (slower at K = 2048), so 17-32 rows stay on upcast.
+        # 1.40-1.90x, at 2 rows 0.88-1.35x (K = 2048 below 1.0). At 32 rows, against the upcast path that ran
+        # there: session 15's 3-chunk ring 0.84-1.10x for MX activations x mxfp4; with session 16's 2-chunk ring
+        # and splits of >= 2 chunks (decode_wgmma.default_config; benchmarks/results/decode_wgmma_tuning_h100_
+        # 2026-11-23_session16.md, runs 3-4, the 5 issue shapes) mxfp8 x mxfp4 0.97-1.30x (geomean 1.10x; slower only at
+        # 7168 x 2048, 13.78 vs 13.32 us) and nvfp4 x nvfp4 0.94-1.26x (geomean 1.10x; slower only at
+        # 28672 x 8192, 170.6 vs 159.9 us), so both take 2-32 rows. 17 rows pad to the same 32 and were not timed.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_QUANTIZED_X, "upcast",
-                    _DECODE_WGMMA_WHY + "the quantized activations decoded to bf16 once per program; 1.45-2.9x "
-                    "decode.py's kernels at 16 rows (mxfp8 x mxfp4 1.17-1.71x XLA's bf16 dot, where decode.py ran at "
-                    "0.80-0.82x) on an H100 (2026-11-23)", max_rows=16, min_rows=2, named_configs_only=True),
+                    _DECODE_WGMMA_WHY + "the quantized activations decoded to bf16 once per program; at 16 rows "
+                    "mxfp8 x mxfp4 1.42-1.91x XLA's bf16 dot (decode.py 0.84-1.14x) and at 32 rows 0.97-1.30x the "
+                    "upcast path on an H100 (2026-11-23)", max_rows=32, min_rows=2, named_configs_only=True),
         KernelEntry("decode_wgmma", frozenset({("bf16", "e2m1")}), "upcast",
                     _DECODE_WGMMA_WHY + "activations padded to 32 rows; 1.12-1.50x the upcast path below at 17 and "
                     "32 rows (H100, 7168 x 4096 and 8192^2; nvfp4 there was 0.85-1.07x, so it keeps upcast)",

@@ -4,6 +4,7 @@ Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations 
 the rows dispatch sends them (mxfp4 2-32, nvfp4 2-16), and with its knobs forced (chunk, warps, split-K count
 and reduction, 32 padded rows); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4) with the
 kernel's config forced;
+MX activations x mxfp4 and nvfp4 x nvfp4 as dispatched (2-32 rows);
 on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
 bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
 split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
@@ -83,7 +84,7 @@ def test_as_dispatched(fb, m, n, k):
 @pytest.mark.parametrize("changes", [
     dict(block_k=128), dict(num_warps=8, block_n=128), dict(split_k=1), dict(split_k=2),
     dict(atomic_split_k=True), dict(block_k=128, split_k=4, atomic_split_k=True), dict(block_m=32),
-    dict(num_stages=2), dict(num_stages=4, block_k=128),
+    dict(num_stages=3), dict(num_stages=4, block_k=128),
 ])
 def test_every_knob(fb, changes):
     m, n, k = 7, 1000, 2048
@@ -105,8 +106,9 @@ def test_quantized_activations_and_8bit_weights(fa, fb, m, n, k):
 
 
 @pytest.mark.parametrize("fa,fb,m", [("mxfp8", "mxfp4", 2), ("mxfp8", "mxfp4", 8), ("mxfp8", "mxfp4", 16),
-                                     ("mxfp8_e5m2", "mxfp4", 9), ("mxfp4", "mxfp4", 16), ("nvfp4", "nvfp4", 3),
-                                     ("nvfp4", "nvfp4", 16)])
+                                     ("mxfp8", "mxfp4", 17), ("mxfp8_e5m2", "mxfp4", 9), ("mxfp4", "mxfp4", 16),
+                                     ("mxfp4", "mxfp4", 32), ("nvfp4", "nvfp4", 3), ("nvfp4", "nvfp4", 16),
+                                     ("nvfp4", "nvfp4", 24), ("nvfp4", "nvfp4", 32)])
 def test_quantized_activations_as_dispatched(fa, fb, m):
     a, b = _operands(fb, m, 7168, 4096, seed=7, fa=fa)
     assert jb.explain(a, b).kernel == "decode_wgmma"
@@ -116,7 +118,7 @@ def test_quantized_activations_as_dispatched(fa, fb, m):
 
 @pytest.mark.parametrize("fa,fb", [("bf16", "mxfp8"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4")])
 @pytest.mark.parametrize("changes", [dict(block_k=128), dict(num_warps=8, block_n=128), dict(split_k=1),
-                                     dict(atomic_split_k=True), dict(num_stages=2)])
+                                     dict(atomic_split_k=True), dict(num_stages=3)])
 def test_quantized_pairs_every_knob(fa, fb, changes):
     m, n, k = 7, 1000, 2048
     a, b = _operands(fb, m, n, k, seed=6, fa=fa)

@@ -2,8 +2,8 @@
 
 Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-32 activation rows, with bf16 activations or quantized
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
-the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16
-activations x mxfp4 at 2-32 rows, MX activations x mxfp4 and bf16 or nvfp4 activations x nvfp4 at 2-16. mxfp8
+the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
+activations x mxfp4 and nvfp4 x nvfp4 at 2-32 rows, bf16 activations x nvfp4 at 2-16. mxfp8
 weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per element, and their
 decode keeps the kernel issue-bound).
 
@@ -30,8 +30,10 @@ operand has in registers:
   either.
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
   program (`_stage_activations`): the activations are tiny next to the weight.
-- Grid (cdiv(N, 64), SPLIT_K): about seven short programs per SM, each one or a few 256-code chunks of
-  its 64 rows. Programs looping over several N tiles with the next tile's chunks in flight measured slower.
+- Grid (cdiv(N, 64), SPLIT_K): about six short programs per SM, each two or more 256-code chunks of its
+  64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
+  tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and (except at K = 2048)
+  128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster (`_TARGET_PROGRAMS`).
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
 workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
@@ -325,11 +327,16 @@ MAX_STAGES = 8
 # The weight ring beside the staged activations (the H100 gives a program up to 227 KiB): 8 x 16 KiB at 128
 # rows of 256 fp4 codes, or 4 stages of 256 8-bit codes there.
 RING_BYTES = 128 * 1024
-# Programs to aim for, about 7 per SM (H100, N=7168, K=4096, kernel time, 2026-11-23, M = 1 / 16, 3 stages:
-# 112 N tiles x 8 splits of 2 chunks, 12.7 / 15.6 us; x 16 splits of 1 chunk, 13.5 / 17.7 us; x 4 splits of 4
-# chunks, 14.5 / 16.4 us; programs looping over 2-7 N tiles (528 or 264 programs), 14.0-17.9 / 16.0-31.7 us;
-# 4 or 6 stages, slower again).
-_TARGET_PROGRAMS = 896
+# Programs to aim for (~6 per SM), each with >= 2 chunks of its split, and a 2-chunk ring. H100, kernel time,
+# 16 rows, bf16 / mxfp8 x mxfp4 and nvfp4 x nvfp4, 2026-11-23 (session 16, interleaved rounds,
+# benchmarks/results/decode_wgmma_tuning_h100_2026-11-23_session16.md): 2 stages beat 3 by 7-11% at 7168 x 4096,
+# 7168 x 7168 and 8192 x 8192 (bf16 x mxfp4 14.77 against 15.87 us at 7168 x 4096) and lost 1-2.5% at
+# 28672 x 8192; a split with one chunk per program ran 16% slower than half as many splits of two (7168 x
+# 2048: 11.30 against 9.54 us); 7 splits of 4 chunks beat 14 of 2 at 7168 x 7168 (21.06 against 21.61 us), 8
+# of 4 beat 4 of 8 at 8192 x 8192 (26.83 against 28.20). Session 12 (3 stages, 7168 x 4096): programs looping
+# over 2-7 N tiles ran 14.0-17.9 / 16.0-31.7 us at 1 / 16 rows against 12.7 / 15.6 for one tile each.
+_TARGET_PROGRAMS = 768
+_MIN_CHUNKS = 2
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
@@ -363,16 +370,20 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """64 weight rows (4 warps), 256-code chunks, and the fewest K splits (dividing K's chunks, at most
-    `STAGED_BYTES` of activations per program) that give about `_TARGET_PROGRAMS` programs; the rows padded to
-    16 or 32; deterministic split-K."""
+    """64 weight rows (4 warps), 256-code chunks through a 2-chunk ring, and the fewest K splits (dividing K's
+    chunks, at most `STAGED_BYTES` of activations per program, `_MIN_CHUNKS` chunks per split where K has
+    them) that give about `_TARGET_PROGRAMS` programs; the rows padded to 16 or 32; deterministic split-K."""
     del target
     chunk = 256 if p.k % 256 == 0 else 128
     n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
     divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and block_m * (p.k // d) * 2 <= STAGED_BYTES]
+    # Splits of one chunk measured slower than half as many of two (a program's fixed costs, the activation
+    # staging and the split-K epilogue, weigh on less weight), unless K has a single chunk, or the staging
+    # leaves no choice.
+    divisors = [d for d in divisors if chunks // d >= _MIN_CHUNKS] or divisors
     split = next((d for d in divisors if n_tiles * d >= _TARGET_PROGRAMS), divisors[-1])
-    return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=3,
+    return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
                       split_k=split, kernel="decode_wgmma")
 
 
