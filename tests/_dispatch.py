@@ -19,8 +19,7 @@ def enable_entry(monkeypatch, target: str, module: str) -> None:
 
 # The activation rows at which sm_90 dispatch sends fp4 weights to the Gluon decode kernel, per (activations,
 # weights) format (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not
-# read it: bf16 activations x mxfp4 at 2-32 rows; MX activations x mxfp4 and bf16 or nvfp4 activations x nvfp4 at
-# 2-16.
+# read it: bf16 or MX activations x mxfp4 and nvfp4 x nvfp4 at 2-32 rows; bf16 activations x nvfp4 at 2-16.
 DECODE_WGMMA_ROWS = {("bf16", "mxfp4"): (2, 32), **{(fa, "mxfp4"): (2, 32) for fa in ("mxfp8", "mxfp8_e5m2", "mxfp4")},
                      ("bf16", "nvfp4"): (2, 16), ("nvfp4", "nvfp4"): (2, 32)}
 

@@ -48,8 +48,8 @@ def test_dispatch(target, fb, rows, want):
 @pytest.mark.parametrize("fa,fb,rows,want", [
     ("e4m3", "e2m1", 2, "decode_wgmma"), ("e4m3", "e2m1", 17, "decode_wgmma"), ("e5m2", "e2m1", 32, "decode_wgmma"),
     ("e4m3", "e2m1", 33, "upcast"), ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"),
-    ("e4m3", "e2m1", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 32, "decode_wgmma"),
-    ("nvfp4", "nvfp4", 33, "upcast"),
+    ("e4m3", "e2m1", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 16, "decode_wgmma"),
+    ("nvfp4", "nvfp4", 32, "decode_wgmma"), ("nvfp4", "nvfp4", 33, "upcast"),
     ("e4m3", "e4m3", 16, "decode"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in
 ])
 def test_dispatch_quantized_activations(fa, fb, rows, want):
