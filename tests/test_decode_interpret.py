@@ -103,7 +103,7 @@ for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False,
                       out_dtype="float32",
                       config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
-# (mxfp8 x mxfp4 at 2-16 rows dispatches to the Gluon kernel, which the interpreter cannot run: mxfp8 weights.)
+# (mxfp8 x mxfp4 at 2-32 rows dispatches to the Gluon kernel, which the interpreter cannot run: mxfp8 weights.)
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("fp8_block", "fp8_block", 16),
                   ("mxfp8_e5m2", "mxfp8", 5), ("bf16", "mxfp6_e3m2", 64)):
     seed += 1

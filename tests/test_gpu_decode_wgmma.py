@@ -3,9 +3,8 @@
 Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
 the rows dispatch sends them (mxfp4 2-32, nvfp4 2-16), and with its knobs forced (chunk, warps, split-K count
 and reduction, 32 padded rows); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4) with the
-kernel's config forced;
-MX activations x mxfp4 and nvfp4 x nvfp4 as dispatched (2-32 rows);
-on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
+kernel's config forced, and MX activations x mxfp4 and nvfp4 x nvfp4 at the rows dispatch sends them (2-32); on
+ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
 bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
 split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
 tests/test_lowering_decode_wgmma.py; Gluon kernels do not run in Triton's interpreter.
