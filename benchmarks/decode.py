@@ -8,6 +8,7 @@
     python -m benchmarks.decode --gemv-shapes # M=1 GEMV per model / issue shape vs a same-size read (~2-3 min)
     python -m benchmarks.decode --wgmma --shapes 7168x4096,8192x8192   # fp4 weights: decode_wgmma vs decode.py
     python -m benchmarks.decode --wgmma --pairs bf16:mxfp8,mxfp8:mxfp4 --rows 2,16,32   # other format pairs
+    python -m benchmarks.decode --wgmma-knobs --shapes 7168x4096 --pairs bf16:mxfp4 --rows 16   # its launch knobs
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -573,6 +574,72 @@ def wgmma_table(torch, shapes, rows=WGMMA_ROWS, pairs=WGMMA_PAIRS):
             del ws
 
 
+def wgmma_knob_configs(p) -> list[tuple[str, "TileConfig"]]:
+    """decode_wgmma's default config for `p` (first) and its neighbours: the other ring depth (2 / 3
+    stages), half and twice the K splits, 128-code chunks; only those `check_config` accepts. What
+    `default_config`'s stages and split rule were chosen from (session 16)."""
+    from jax_blockscale._triton import decode_wgmma
+
+    base = decode_wgmma.default_config(p)
+    out = []
+    for chunk in (base.block_k, 128):
+        for stages in (base.num_stages, 5 - base.num_stages):
+            for split in (base.split_k, base.split_k // 2, base.split_k * 2):
+                cfg = base.replace(block_k=chunk, num_stages=stages, split_k=max(1, split))
+                label = ("default " if cfg == base else "") + f"c{chunk} st{stages} sp{cfg.split_k}"
+                try:
+                    decode_wgmma.check_config(p, cfg)
+                except ValueError:
+                    continue
+                if all(c != cfg for _, c in out):
+                    out.append((label, cfg))
+    return out
+
+
+def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
+    """decode_wgmma at its default config and `wgmma_knob_configs`' neighbours, per format pair and row
+    count: every config checked against the reference, then profiled in `rounds` interleaved rounds (XLA
+    bf16 first, then each config once per round, so clock drift hits every row alike); kernel time is the
+    median over rounds (CUPTI), the wall clock per call beside it."""
+    import statistics
+
+    from jax_blockscale._triton.problem import GemmProblem
+
+    print(f"device: {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'}), median of "
+          f"{rounds} interleaved rounds\n")
+    print("| N | K | x | weights | M | config | us | rounds | wall us | % same-size read | vs XLA bf16 | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, k in shapes:
+        bf16_ws = _weights("bf16", n, k, 0)
+        for fb in dict.fromkeys(b for _, b in pairs):
+            ws, nb, read_us = _weights_and_read(torch, fb, n, k)
+            for fa, m in ((fa, m) for fa, b in pairs if b == fb for m in rows):
+                xa = _activation(fa, m, k)
+                xla_args = [(_activation("bf16", m, k), w) for w in bf16_ws]
+                p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
+                timed = []
+                for label, cfg in wgmma_knob_configs(p):
+                    err = _checked(xa, ws[0], cfg)
+                    if not err < 1e-4:
+                        print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | WRONG | | | | | {err:.1e} |")
+                        continue
+                    timed.append((label, jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), err))
+                xla, us = [], {label: [] for label, _, _ in timed}
+                for _ in range(rounds):
+                    xla.append(kernel_us(_XLA_BF16, xla_args, torch))
+                    for label, fn, _ in timed:
+                        us[label].append(kernel_us(fn, [(xa, w) for w in ws], torch))
+                xla_us = statistics.median(xla)
+                print(f"| {n} | {k} | bf16 | bf16 | {m} | XLA bf16 | {xla_us:.2f} | "
+                      f"{' / '.join(f'{t:.2f}' for t in xla)} | | | 1.00x | |", flush=True)
+                for label, fn, err in timed:
+                    t = statistics.median(us[label])
+                    print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | {t:.2f} | "
+                          f"{' / '.join(f'{v:.2f}' for v in us[label])} | {wall_us(fn, [(xa, w) for w in ws]):.2f} | "
+                          f"{100 * read_us / t:.0f}% | {xla_us / t:.2f}x | {err:.1e} |", flush=True)
+            del ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
@@ -581,20 +648,28 @@ def main(argv=None):
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
     ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py per format pair, 1-16 rows")
-    ap.add_argument("--pairs", default=None, help="--wgmma: x:w format pairs, e.g. bf16:mxfp8,mxfp8:mxfp4 "
+    ap.add_argument("--wgmma-knobs", action="store_true",
+                    help="decode_wgmma's default config against its neighbours (stages, splits, chunk)")
+    ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs: interleaved rounds per config")
+    ap.add_argument("--pairs", default=None, help="--wgmma(-knobs): x:w format pairs, e.g. bf16:mxfp8,mxfp8:mxfp4 "
                     "(default bf16:mxfp4,bf16:nvfp4)")
-    ap.add_argument("--rows", default=None, help="--wgmma: activation rows, e.g. 2,16,32 (default 1,2,4,8,16)")
-    ap.add_argument("--shapes", default=None, help="NxK,NxK,... (--wgmma; default: every issue shape)")
+    ap.add_argument("--rows", default=None, help="--wgmma: activation rows, e.g. 2,16,32 (default 1,2,4,8,16; "
+                    "--wgmma-knobs: 16)")
+    ap.add_argument("--shapes", default=None, help="NxK,NxK,... (--wgmma(-knobs); default: every issue shape)")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for --variants (all formats and M)")
     args = ap.parse_args(argv)
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
-    if args.wgmma:
+    if args.wgmma or args.wgmma_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else WGMMA_PAIRS
-        rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else WGMMA_ROWS
-        wgmma_table(torch, shapes, rows, pairs)
+        if args.wgmma_knobs:
+            wgmma_knobs(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else (16,), pairs,
+                        args.rounds)
+        else:
+            wgmma_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else WGMMA_ROWS,
+                        pairs)
     elif args.gemv_shapes:
         gemv_shapes(torch)
     elif args.gemv_decode:
