@@ -40,10 +40,16 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 
-__all__ = ["DeviceEvent", "KernelStat", "KernelProfile", "KernelTime", "aggregate", "classify", "breakdown",
-           "events_from_planes", "profile", "kernel_times", "GEMM", "QUANT", "OTHER"]
+from jax_blockscale._triton.problem import DEQUANTIZE_SCOPE
 
-GEMM, QUANT, OTHER = "gemm", "quantization", "other"
+__all__ = ["DeviceEvent", "KernelStat", "KernelProfile", "KernelTime", "aggregate", "classify", "breakdown",
+           "fusion_op_names", "reclassify", "events_from_planes", "profile", "kernel_times", "GEMM", "QUANT",
+           "DEQUANT", "OTHER"]
+
+GEMM, QUANT, DEQUANT, OTHER = "gemm", "quantization", "dequantize", "other"
+# DEQUANTIZE_SCOPE (imported above): the name scope of the XLA dequantize passes before jax_blockscale's
+# upcast GEMMs. It reaches the fused kernels' HLO metadata, not their names, so `reclassify` reads it from
+# the compiled program.
 KERNEL, MEMCPY, MEMSET = "kernel", "memcpy", "memset"
 
 # XSpace lines on a GPU plane that summarize the stream lines (produced by XLA / xprof post-processing):
@@ -166,9 +172,30 @@ def classify(name: str) -> str:
     return OTHER
 
 
+def fusion_op_names(hlo_text: str) -> dict[str, str]:
+    """Kernel name -> the `op_name` metadata of the HLO instruction it runs, from a compiled program's text
+    (`compiled.as_text()`): XLA names a fusion's kernel after the instruction, with '.' and '-' as '_'."""
+    out = {}
+    for m in _HLO_OP_NAME_RE.finditer(hlo_text):
+        out.setdefault(m.group(1).replace(".", "_").replace("-", "_"), m.group(2))
+    return out
+
+
+_HLO_OP_NAME_RE = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = [^\n]*?metadata=\{[^\n}]*?op_name="([^"\n]*)"', re.MULTILINE)
+
+
+def reclassify(p: KernelProfile, op_names: dict[str, str]) -> KernelProfile:
+    """`p` with the XLA kernels whose HLO op_name (`fusion_op_names`) lies in jax_blockscale's dequantize
+    scope counted as DEQUANT (the decode passes before a Hopper upcast GEMM), not OTHER."""
+    stats = tuple(dataclasses.replace(k, category=DEQUANT)
+                  if k.category == OTHER and DEQUANTIZE_SCOPE in op_names.get(k.name, "") else k
+                  for k in p.kernels)
+    return dataclasses.replace(p, kernels=stats)
+
+
 def breakdown(p: KernelProfile) -> dict[str, float]:
     """Seconds per operation in each class; the classes sum to `p.kernel_s`."""
-    out = {GEMM: 0.0, QUANT: 0.0, OTHER: 0.0}
+    out = {GEMM: 0.0, QUANT: 0.0, DEQUANT: 0.0, OTHER: 0.0}
     for k in p.kernels:
         out[k.category] += k.seconds
     return out if p.kernels else {c: math.nan for c in out}

@@ -16,8 +16,10 @@ printed too: on Hopper only block FP8 has a native MMA; MX and nvfp4 are decoded
 Kernel time (`--kernel-time`, the default on a GPU): `--trace-steps` more steps run inside a profiler trace
 and the CUPTI kernel durations are summed per step (benchmarks/_kernel_time.py), split into GEMM (our Triton
 kernels, cuBLAS/cuBLASLt, CUTLASS, XLA's Triton GEMM fusions), quantization (kernels named quantize_*;
-quantization that XLA fuses into loop fusions cannot be told apart by name and counts as other) and other,
-with the top kernels of each recipe. Kernel time is free of host launch gaps; the wall clock stays beside it.
+quantization that XLA fuses into loop fusions cannot be told apart by name and counts as other), dequantize
+(the XLA passes that decode MX / nvfp4 operands to bf16 before a Hopper upcast GEMM: found through the
+compiled program's HLO metadata, jax_blockscale names their scope) and other, with the top kernels of each
+recipe. Kernel time is free of host launch gaps; the wall clock stays beside it.
 
 Without a GPU this runs a tiny config with a warning (the numbers then only show that the path works).
 """
@@ -46,7 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/train_step.py` puts benchmarks/, not the root, on the path
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._kernel_time import GEMM, OTHER, QUANT, KernelProfile, breakdown, profile  # noqa: E402
+from benchmarks._kernel_time import (DEQUANT, GEMM, OTHER, QUANT, KernelProfile, breakdown,  # noqa: E402
+                                     fusion_op_names, profile, reclassify)
 
 DEFAULT_RECIPES = ("bf16", "mxfp8", "nvfp4", "fp8_deepseek")
 PRESETS = {  # the issue's two training shapes
@@ -119,6 +122,7 @@ def time_step(example, cfg, recipe: str, warmup: int, steps: int, trace_steps: i
     step = step.lower(*carry, tokens).compile()
     temp = step.memory_analysis()
     temp_bytes = getattr(temp, "temp_size_in_bytes", math.nan) if temp is not None else math.nan
+    op_names = fusion_op_names(step.as_text() or "")  # XLA kernel -> HLO op_name: finds the dequantize passes
     for _ in range(warmup):
         jax.block_until_ready(run_step(step, carry, tokens))
     times = []
@@ -130,6 +134,8 @@ def time_step(example, cfg, recipe: str, warmup: int, steps: int, trace_steps: i
     if loss is not None and not bool(jnp.isfinite(loss)):
         raise RuntimeError(f"{recipe}: the loss is not finite ({loss})")
     kernel = profile(lambda: run_step(step, carry, tokens), calls=trace_steps) if trace_steps > 0 else None
+    if kernel is not None:
+        kernel = reclassify(kernel, op_names)
     return times, kernel, temp_bytes
 
 
@@ -149,17 +155,18 @@ def report(rows: list[dict], target: str, top: int = 8) -> str:
     bk = base["kernel_s"] if base else math.nan
     # time / bf16's time: below 1 is faster than bf16 (the speedup is its inverse)
     bo = base["other_s"] if base else math.nan
-    # "GEMM-only bound": the step if quantization cost nothing and everything else cost what bf16's does
-    # (this recipe's GEMM time + bf16's other), as a time ratio to bf16: what faster quantization
-    # and fewer extra kernels could reach with these GEMMs.
-    out = ["| recipe | remat saves | scratch MiB | wall ms | kernel ms | GEMM ms | quant ms | other ms | memcpy ms | "
-           "wall / bf16 time | kernel / bf16 time | GEMM-only bound / bf16 | tokens/s (wall) | "
+    # "GEMM-only bound": the step if quantization and dequantization cost nothing and everything else cost
+    # what bf16's does (this recipe's GEMM time + bf16's other), as a time ratio to bf16: what faster
+    # quantization, decode-free GEMMs and fewer extra kernels could reach with these GEMMs.
+    out = ["| recipe | remat saves | scratch MiB | wall ms | kernel ms | GEMM ms | quant ms | dequant ms | other ms | "
+           "memcpy ms | wall / bf16 time | kernel / bf16 time | GEMM-only bound / bf16 | tokens/s (wall) | "
            "GEMM paths on " + target + " |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         temp = r.get("temp_mib", math.nan)
         out.append(f"| {r['recipe']} | {r['remat_saves']} | {temp:.0f} | {_ms(r['wall_s'])} | {_ms(r['kernel_s'])} | "
-                   f"{_ms(r['gemm_s'])} | {_ms(r['quant_s'])} | {_ms(r['other_s'])} | {_ms(r['memcpy_s'])} | "
+                   f"{_ms(r['gemm_s'])} | {_ms(r['quant_s'])} | {_ms(r.get('dequant_s', math.nan))} | "
+                   f"{_ms(r['other_s'])} | {_ms(r['memcpy_s'])} | "
                    f"{_ratio(r['wall_s'], bw)} | {_ratio(r['kernel_s'], bk)} | {_ratio(r['gemm_s'] + bo, bk)} | "
                    f"{r['tokens_per_s']:.0f} | {r['paths']} |")
     for r in rows:
@@ -229,11 +236,11 @@ def main(argv=None) -> list[dict]:
         run_cfg = dataclasses.replace(cfg, remat_saves=saved)
         times, kp, temp_bytes = time_step(example, run_cfg, recipe, a.warmup, a.steps,
                                           a.trace_steps if kernel_time else 0)
-        split = breakdown(kp) if kp is not None else {c: math.nan for c in (GEMM, QUANT, OTHER)}
+        split = breakdown(kp) if kp is not None else {c: math.nan for c in (GEMM, QUANT, DEQUANT, OTHER)}
         rows.append(dict(recipe=recipe, remat_saves=saved if cfg.remat and get_recipe(recipe).quantizes else "-",
                          wall_s=statistics.median(times), wall_min_s=min(times), temp_mib=temp_bytes / 2**20,
                          kernel_s=kp.kernel_s if kp is not None else math.nan, gemm_s=split[GEMM],
-                         quant_s=split[QUANT], other_s=split[OTHER],
+                         quant_s=split[QUANT], dequant_s=split[DEQUANT], other_s=split[OTHER],
                          memcpy_s=kp.memcpy_s if kp is not None else math.nan, profile=kp,
                          paths=_paths(recipe, target)))
         print(f"  {recipe} (remat saves {rows[-1]['remat_saves']}): wall {_ms(rows[-1]['wall_s'])} ms, kernel "
@@ -250,8 +257,8 @@ def main(argv=None) -> list[dict]:
 
 
 CSV_FIELDS = ["recipe", "remat_saves", "scratch_mib", "median_ms", "min_ms", "ratio_vs_bf16", "tokens_per_s", "paths",
-              "kernel_ms", "gemm_ms", "quant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16", "kernel_launches",
-              "kernel_source", "top_kernels"]
+              "kernel_ms", "gemm_ms", "quant_ms", "dequant_ms", "other_ms", "memcpy_ms", "kernel_ratio_vs_bf16",
+              "kernel_launches", "kernel_source", "top_kernels"]
 
 
 def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict, cfg, a) -> pathlib.Path:
@@ -275,7 +282,8 @@ def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict,
                              "ratio_vs_bf16": num(r["wall_s"] / base["wall_s"]) if base else "",
                              "tokens_per_s": num(r["tokens_per_s"], 6), "paths": r["paths"],
                              "kernel_ms": num(r["kernel_s"] * 1e3, 6), "gemm_ms": num(r["gemm_s"] * 1e3),
-                             "quant_ms": num(r["quant_s"] * 1e3), "other_ms": num(r["other_s"] * 1e3),
+                             "quant_ms": num(r["quant_s"] * 1e3),
+                             "dequant_ms": num(r.get("dequant_s", math.nan) * 1e3), "other_ms": num(r["other_s"] * 1e3),
                              "memcpy_ms": num(r["memcpy_s"] * 1e3),
                              "kernel_ratio_vs_bf16": num(r["kernel_s"] / base["kernel_s"]) if base else "",
                              "kernel_launches": num(kp.launches) if kp is not None else "",

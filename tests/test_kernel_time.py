@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import _kernel_time as kt  # noqa: E402
-from benchmarks._kernel_time import GEMM, MEMCPY, MEMSET, OTHER, QUANT, DeviceEvent  # noqa: E402
+from benchmarks._kernel_time import DEQUANT, GEMM, MEMCPY, MEMSET, OTHER, QUANT, DeviceEvent  # noqa: E402
 
 
 def test_aggregate_per_operation_sums_and_kernel_list():
@@ -61,6 +61,36 @@ def test_aggregate_without_kernels_is_nan_not_zero():
 ])
 def test_classify(name, category):
     assert kt.classify(name) == category
+
+
+# Two fusions as `compiled.as_text()` prints them (operand shapes and backend configs cut), one in
+# jax_blockscale's dequantize scope, one not, and a kernel-named custom call.
+HLO = """
+ENTRY %main.1 (p.1: u8[64,256]) -> bf16[64,256] {
+  %loop_convert_fusion.22 = bf16[1,8192,512,32]{3,2,1,0} fusion(%a.0, %b.1), kind=kLoop, calls=%fused_convert.22, \
+metadata={op_name="jit(step)/jvp(TinyLM)/blocks/Dense_2/jbs_dequantize/mul" source_file="x.py" source_line=3}
+  ROOT %loop-add-fusion.3 = bf16[8,1024,4096]{2,1,0} fusion(%c.2), kind=kLoop, calls=%fused_add.3, \
+metadata={op_name="jit(step)/jvp(TinyLM)/blocks/add"}
+  %custom-call.7 = u8[64,256]{1,0} custom-call(%p.1), custom_call_target="__gpu$xla.gpu.triton"
+}
+""".replace("\\\n", "")
+
+
+def test_fusion_op_names_and_reclassify_dequantize_passes():
+    names = kt.fusion_op_names(HLO)
+    assert names == {"loop_convert_fusion_22": "jit(step)/jvp(TinyLM)/blocks/Dense_2/jbs_dequantize/mul",
+                     "loop_add_fusion_3": "jit(step)/jvp(TinyLM)/blocks/add"}
+    events = [DeviceEvent("loop_convert_fusion_22", 3_000.0), DeviceEvent("loop_add_fusion_3", 2_000.0),
+              DeviceEvent("tma_gemm_kernel", 10_000.0), DeviceEvent("quantize_mx_t_kernel", 1_000.0)]
+    p = kt.reclassify(kt.aggregate(events, calls=1), names)
+    assert {k.name: k.category for k in p.kernels} == {
+        "loop_convert_fusion_22": DEQUANT, "loop_add_fusion_3": OTHER, "tma_gemm_kernel": GEMM,
+        "quantize_mx_t_kernel": QUANT}
+    b = kt.breakdown(p)
+    assert b[DEQUANT] == pytest.approx(3e-6) and b[OTHER] == pytest.approx(2e-6)
+    assert sum(b.values()) == pytest.approx(p.kernel_s)
+    # without the program's names nothing moves: the fusion is "other", as its name says nothing
+    assert kt.breakdown(kt.aggregate(events, calls=1))[DEQUANT] == 0.0
 
 
 GPU_XSPACE = '''

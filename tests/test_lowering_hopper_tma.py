@@ -115,6 +115,17 @@ def test_matmul_lowers_block_fp8_to_tma_kernel_with_scratch_outputs():
                      r"tensor<3072xui8>, tensor<128xui8>\)", lowered.as_text())
 
 
+def test_predecode_passes_carry_the_dequantize_scope():
+    # Large MX operands are dequantized by XLA before the bf16 TMA kernel; the pass is named so that a
+    # profile can tell its fused kernels from the model's own (benchmarks/_kernel_time.reclassify).
+    a, b = _quantized(512, 1024, 256, "mxfp8", "mxfp8")
+    lowered = _lowered(lambda a, b: jb.matmul(a, b, target="sm_90"), a, b)
+    (kernel,) = jt.lowered_kernels(lowered)
+    assert TMA_LOAD.encode() in kernel and WGMMA_BF16.search(kernel.decode("latin-1"))  # bf16 x bf16 after it
+    locs = re.findall(r'loc\("([^"]*jbs_dequantize[^"]*)"', lowered.as_text(debug_info=True))
+    assert any(loc.endswith("jbs_dequantize/convert_element_type") for loc in locs)  # the pass's bf16 result
+
+
 # Where sm_90 dispatch takes the swapped kernels at <= 64 rows (block FP8; fp4 weights above 16 rows: the
 # decode kernel measured slower there): the weight on wgmma's M side, the activation rows as N.
 @pytest.mark.parametrize("m,fmt_a,fmt_b,wgmma", [

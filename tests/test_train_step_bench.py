@@ -1,4 +1,4 @@
-"""benchmarks/train_step.py: presets, the kernel-time report (GEMM / quantization / other per step, ratios
+"""benchmarks/train_step.py: presets, the kernel-time report (GEMM / quantization / dequantize / other per step, ratios
 vs bf16 on both bases, top kernels) and the CSV's new columns, on a CPU."""
 
 import csv
@@ -13,7 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import train_step  # noqa: E402
-from benchmarks._kernel_time import GEMM, OTHER, QUANT, DeviceEvent, aggregate, breakdown  # noqa: E402
+from benchmarks._kernel_time import DEQUANT, GEMM, OTHER, QUANT, DeviceEvent, aggregate, breakdown  # noqa: E402
 
 
 def test_presets():
@@ -27,7 +27,8 @@ def _row(recipe, wall_ms, events, steps=2):
     kp = aggregate(events, calls=steps)
     split = breakdown(kp)
     return dict(recipe=recipe, remat_saves="-" if recipe == "bf16" else "weights", wall_s=wall_ms / 1e3, wall_min_s=wall_ms / 1e3, kernel_s=kp.kernel_s,
-                gemm_s=split[GEMM], quant_s=split[QUANT], other_s=split[OTHER], memcpy_s=kp.memcpy_s, profile=kp,
+                gemm_s=split[GEMM], quant_s=split[QUANT], dequant_s=split[DEQUANT], other_s=split[OTHER],
+                memcpy_s=kp.memcpy_s, profile=kp,
                 paths="fprop dense", tokens_per_s=1000.0)
 
 
@@ -41,9 +42,9 @@ def test_report_breakdown_ratios_and_top_kernels():
     text = train_step.report([bf16, fp8], "sm_90", top=2)
     line = next(ln for ln in text.splitlines() if ln.startswith("| fp8_deepseek"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:11] == ["fp8_deepseek", "weights", "nan", "150.00", "60.00", "40.00", "8.00", "12.00", "0.00",
-                          "1.500", "1.500"]  # no scratch size given: nan
-    assert cells[11] == "1.250"  # GEMM-only bound: fp8's 40 ms GEMM + bf16's 10 ms other, over bf16's 40 ms
+    assert cells[:12] == ["fp8_deepseek", "weights", "nan", "150.00", "60.00", "40.00", "8.00", "0.00", "12.00",
+                          "0.00", "1.500", "1.500"]  # no scratch size given: nan; no dequantize pass
+    assert cells[12] == "1.250"  # GEMM-only bound: fp8's 40 ms GEMM + bf16's 10 ms other, over bf16's 40 ms
     assert "Top kernels, fp8_deepseek" in text and "| `block_fp8_kernel` | 40.000 | 1 | gemm | 66.7% |" in text
     assert "quantize_rows" not in text and text.count("| `loop_add_fusion`") == 2  # top=2: 8 ms is third
     assert "`quantize_rows` | 8.000 | 1 | quantization" in train_step.report([bf16, fp8], "sm_90", top=3)

@@ -29,7 +29,8 @@ from ..formats import get_format
 from ..quantize import BlockScaledArray, dequantize
 from .block_fp8 import check_operands, run_gemm, store_tile, swapped_decode_config, with_split_k
 from .tiling import grouped_tile, k_tile_range
-from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
+from .problem import (DENSE_KINDS, DEQUANTIZE_SCOPE, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem,
+                      TileConfig)
 
 _UPCAST_KINDS = MX_KINDS + (NVFP4,) + DENSE_KINDS
 SUPPORTED: frozenset[tuple[str, str]] = frozenset(itertools.product(_UPCAST_KINDS, repeat=2))
@@ -290,7 +291,8 @@ def _dequantize_bf16(kind: str, values: jax.Array, scales: jax.Array, k: int) ->
     fmt = get_format(_FORMAT_NAMES[kind])
     tensor_scale = jnp.float32(1.0) if kind == NVFP4 else None
     q = BlockScaledArray(values, scales, fmt, axis=-1, length=k, tensor_scale=tensor_scale)
-    dense = dequantize(q, jnp.bfloat16)
+    with jax.named_scope(DEQUANTIZE_SCOPE):
+        dense = dequantize(q, jnp.bfloat16)
     return dense, jnp.zeros(dense.shape[:-1] + (1,), jnp.bfloat16)
 
 
