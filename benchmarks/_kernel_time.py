@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 
+# The name scope of the XLA dequantize passes before jax_blockscale's upcast GEMMs: it reaches the fused
+# kernels' HLO metadata, not their names, so `reclassify` reads it from the compiled program.
 from jax_blockscale._triton.problem import DEQUANTIZE_SCOPE
 
 __all__ = ["DeviceEvent", "KernelStat", "KernelProfile", "KernelTime", "aggregate", "classify", "breakdown",
@@ -47,9 +49,6 @@ __all__ = ["DeviceEvent", "KernelStat", "KernelProfile", "KernelTime", "aggregat
            "DEQUANT", "OTHER"]
 
 GEMM, QUANT, DEQUANT, OTHER = "gemm", "quantization", "dequantize", "other"
-# DEQUANTIZE_SCOPE (imported above): the name scope of the XLA dequantize passes before jax_blockscale's
-# upcast GEMMs. It reaches the fused kernels' HLO metadata, not their names, so `reclassify` reads it from
-# the compiled program.
 KERNEL, MEMCPY, MEMSET = "kernel", "memcpy", "memset"
 
 # XSpace lines on a GPU plane that summarize the stream lines (produced by XLA / xprof post-processing):
@@ -157,7 +156,8 @@ def aggregate(events: Iterable[DeviceEvent], calls: int, ops_per_call: int = 1, 
 # Our kernels (Triton function names in jax_blockscale/_triton and the names new ones will take) and the
 # vendor GEMM libraries' kernels: cuBLAS(Lt) ("nvjet", "sm90_xmma_gemm", "cublas", split-K "splitKreduce"),
 # CUTLASS, and XLA's own Triton GEMM fusions ("gemm_fusion_dot", "triton_gemm"). XLA loop/reduce fusions
-# carry the fusion's name, not what it computes, so a dequantize or quantize done by XLA counts as other.
+# carry the fusion's name, not what it computes, so by name a dequantize or quantize done by XLA counts as
+# other; `reclassify` then moves jax_blockscale's dequantize passes by their HLO metadata.
 _QUANT_RE = re.compile(r"^_*(jbs_)?quantize", re.IGNORECASE)
 _GEMM_RE = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|splitkreduce|block_fp8_\w*kernel|upcast_kernel|decode|gemv|"
                       r"scaled_gemm|matmul_kernel|wgmma", re.IGNORECASE)
@@ -172,6 +172,10 @@ def classify(name: str) -> str:
     return OTHER
 
 
+# One HLO instruction line of `compiled.as_text()`: its name and its metadata's op_name.
+_HLO_OP_NAME_RE = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = [^\n]*?metadata=\{[^\n}]*?op_name="([^"\n]*)"', re.MULTILINE)
+
+
 def fusion_op_names(hlo_text: str) -> dict[str, str]:
     """Kernel name -> the `op_name` metadata of the HLO instruction it runs, from a compiled program's text
     (`compiled.as_text()`): XLA names a fusion's kernel after the instruction, with '.' and '-' as '_'."""
@@ -179,9 +183,6 @@ def fusion_op_names(hlo_text: str) -> dict[str, str]:
     for m in _HLO_OP_NAME_RE.finditer(hlo_text):
         out.setdefault(m.group(1).replace(".", "_").replace("-", "_"), m.group(2))
     return out
-
-
-_HLO_OP_NAME_RE = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = [^\n]*?metadata=\{[^\n}]*?op_name="([^"\n]*)"', re.MULTILINE)
 
 
 def reclassify(p: KernelProfile, op_names: dict[str, str]) -> KernelProfile:

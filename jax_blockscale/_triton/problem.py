@@ -28,14 +28,15 @@ import numpy as np
 
 # Element kinds. MX kinds carry e8m0 scales per 32 elements along K.
 MX_KINDS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
-# The name scope of the XLA dequantize passes before an upcast GEMM (upcast.py). Their fused kernels carry only
-# names like "loop_convert_fusion"; the scope reaches their HLO metadata, where profiles find it
-# (benchmarks/_kernel_time.reclassify).
-DEQUANTIZE_SCOPE = "jbs_dequantize"
 NVFP4 = "nvfp4"
 BLOCK_FP8 = "block_fp8"
 DENSE_KINDS = ("bf16", "fp16")
 ALL_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8) + DENSE_KINDS
+
+# The name scope of the XLA dequantize passes before an upcast GEMM (upcast.py). Their fused kernels carry only
+# names like "loop_convert_fusion"; the scope reaches their HLO metadata, where profiles find it
+# (benchmarks/_kernel_time.reclassify).
+DEQUANTIZE_SCOPE = "jbs_dequantize"
 
 # Names of the dense dtypes as operand kinds and output dtypes (jnp dtype -> name).
 DTYPE_NAMES = {np.dtype(ml_dtypes.bfloat16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
