@@ -9,6 +9,8 @@
     python -m benchmarks.decode --wgmma --shapes 7168x4096,8192x8192   # fp4 weights: decode_wgmma vs decode.py
     python -m benchmarks.decode --wgmma --pairs bf16:mxfp8,mxfp8:mxfp4 --rows 2,16,32   # other format pairs
     python -m benchmarks.decode --wgmma-knobs --shapes 7168x4096 --pairs bf16:mxfp4 --rows 16   # its launch knobs
+    python -m benchmarks.decode --fp8         # block FP8 weights: decode_fp8 vs block_fp8 and cuBLAS blockwise
+    python -m benchmarks.decode --fp8-knobs --shapes 7168x4096   # and decode_fp8's neighbouring configs
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -640,6 +642,89 @@ def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
             del ws
 
 
+FP8_ROWS = (1, 16, 64)
+
+
+def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
+    """decode_fp8's default config for `p` (first) and, with `knobs`, its neighbours: other ring depths,
+    program counts, K splits, fp32-atomic split-K; only those `check_config` accepts."""
+    from jax_blockscale._triton import decode_fp8
+
+    base = decode_fp8.default_config(p)
+    out = [("decode_fp8 default " + _fp8_desc(base), base)]
+    if knobs:
+        cands = [base.replace(block_k=bk, num_stages=st, num_sms=264)
+                 for bk, st in ((128, 6), (256, 3), (256, 4), (512, 2), (512, 3))]
+        cands += [base.replace(split_k=2), base.replace(num_sms=base.num_sms // 2)]
+        for cfg in cands:
+            try:
+                decode_fp8.check_config(p, cfg)
+            except ValueError:
+                continue
+            if all(c != cfg for _, c in out):
+                out.append(("decode_fp8 " + _fp8_desc(cfg), cfg))
+    return out
+
+
+def _fp8_desc(cfg) -> str:
+    return (f"m{cfg.block_m} k{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k} p{cfg.num_sms}"
+            + (" atomic" if cfg.atomic_split_k else ""))
+
+
+def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2):
+    """Block FP8 weights (with 1 x 128 fp8 activations): the Gluon fp8 decode kernel (`_triton/decode_fp8.py`)
+    against the swapped Triton block_fp8 kernel (the previous sm_90 path), cuBLAS blockwise (torch
+    `F.scaled_mm`) and a same-size read, per shape and row count. Every config is checked against the
+    reference (fp32 output) first; our kernels are profiled in `rounds` interleaved rounds (median kernel
+    time, CUPTI), the wall clock per call beside it. `knobs`: decode_fp8's neighbouring configs too."""
+    import statistics
+
+    from jax_blockscale._triton import block_fp8
+    from jax_blockscale._triton.problem import GemmProblem
+
+    print(f"device: {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'}), median of "
+          f"{rounds} interleaved rounds\n")
+    print("| N | K | M | kernel | us | rounds | wall us | GB/s | % same-size read | vs cuBLAS blockwise | dispatch | "
+          "rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, k in shapes:
+        ws, nb, read_us = _weights_and_read(torch, "fp8_block", n, k)
+        print(f"| {n} | {k} | - | same-size read ({nb / 1e6:.1f} MB) | {read_us:.2f} | | | {nb / read_us / 1e3:.0f} | "
+              f"100% | | | |", flush=True)
+        for m in rows:
+            xa = _activation("fp8_block", m, k)
+            p = GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
+            cublas = _cublas_blockwise_us(torch, xa, ws) if torch is not None else None
+            print(f"| {n} | {k} | {m} | cuBLAS blockwise | {cublas or float('nan'):.2f} | | | "
+                  f"{nb / cublas / 1e3 if cublas else float('nan'):.0f} | "
+                  f"{100 * read_us / cublas if cublas else float('nan'):.0f}% | 1.00x | | |", flush=True)
+            picked = jb.explain(xa, ws[0]).kernel
+            old = block_fp8.default_config(p, "sm_90").replace(kernel="block_fp8")
+            configs = [(f"block_fp8 swapped sp{old.split_k}", old)] + fp8_knob_configs(p, knobs)
+            timed = []
+            for label, cfg in configs:
+                try:
+                    err = _checked(xa, ws[0], cfg)
+                except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
+                    print(f"| {n} | {k} | {m} | {label} | {type(e).__name__}: {str(e)[:100]} |", flush=True)
+                    continue
+                if not err < 2e-3:  # fp8 wgmma accumulates with truncation (block_fp8.py): ~1e-4
+                    print(f"| {n} | {k} | {m} | {label} | WRONG | | | | | | | {err:.1e} |", flush=True)
+                    continue
+                timed.append((label, cfg, jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), err))
+            us = {label: [] for label, *_ in timed}
+            for _ in range(rounds):
+                for label, _, fn, _ in timed:
+                    us[label].append(kernel_us(fn, [(xa, w) for w in ws], torch))
+            for label, cfg, fn, err in timed:
+                t = statistics.median(us[label])
+                mark = "yes" if cfg.kernel == picked and label.startswith(f"{picked} default") else ""
+                print(f"| {n} | {k} | {m} | {label} | {t:.2f} | {' / '.join(f'{v:.2f}' for v in us[label])} | "
+                      f"{wall_us(fn, [(xa, w) for w in ws]):.2f} | {nb / t / 1e3:.0f} | {100 * read_us / t:.0f}% | "
+                      f"{cublas / t if cublas else float('nan'):.2f}x | {mark} | {err:.1e} |", flush=True)
+        del ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
@@ -650,7 +735,10 @@ def main(argv=None):
     ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py per format pair, 1-16 rows")
     ap.add_argument("--wgmma-knobs", action="store_true",
                     help="decode_wgmma's default config against its neighbours (stages, splits, chunk)")
-    ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs: interleaved rounds per config")
+    ap.add_argument("--fp8", action="store_true",
+                    help="block FP8 weights: decode_fp8 vs the swapped block_fp8 kernel and cuBLAS blockwise")
+    ap.add_argument("--fp8-knobs", action="store_true", help="--fp8 with decode_fp8's neighbouring configs")
+    ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs, --fp8: interleaved rounds per config")
     ap.add_argument("--pairs", default=None, help="--wgmma(-knobs): x:w format pairs, e.g. bf16:mxfp8,mxfp8:mxfp4 "
                     "(default bf16:mxfp4,bf16:nvfp4)")
     ap.add_argument("--rows", default=None, help="--wgmma: activation rows, e.g. 2,16,32 (default 1,2,4,8,16; "
@@ -661,7 +749,11 @@ def main(argv=None):
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
-    if args.wgmma or args.wgmma_knobs:
+    if args.fp8 or args.fp8_knobs:
+        shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
+        fp8_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else FP8_ROWS,
+                  knobs=args.fp8_knobs, rounds=args.rounds)
+    elif args.wgmma or args.wgmma_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else WGMMA_PAIRS
         if args.wgmma_knobs:

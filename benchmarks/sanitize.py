@@ -7,7 +7,8 @@
 Families: block FP8 (pointer, split-K, swapped decode order, TMA), the persistent block FP8 kernel
 (dispatch's pick and a batched problem looping over tiles), the warp-specialized Gluon block FP8 kernel
 (the same two), the upcast kernel (pointer, split-K, swapped, predecoded bf16 through the TMA kernel), the decode kernel (swapped MMA, CUDA-core FMA, split-K reduced in
-the kernel, the streaming GEMV), the Gluon fp4 decode kernel (its pick and a forced atomic split-K), the opt-in Hopper MX GEMM, the quantization kernels (row-wise and with the transposed side, MX, nvfp4, block
+the kernel, the streaming GEMV), the Gluon fp4 decode kernel (its pick and a forced atomic split-K), the Gluon
+block FP8 decode kernel (its pick, forced ordered and atomic split-K over few persistent programs), the opt-in Hopper MX GEMM, the quantization kernels (row-wise and with the transposed side, MX, nvfp4, block
 FP8 1x128 and 128x128, and 1x128 with 128x128 transposed tiles; the Gluon kernel for fp8 1x128 pairs) and the Blackwell `dot_scaled` kernel on sm_90 (Triton's emulation; nvfp4 has
 none). Shapes are odd: M = 1 or one past a tile, N one past a tile, K not a multiple of the K tile, batch
 dims. Each result is also compared with the jnp reference (a stray read that changes numbers fails
@@ -30,8 +31,8 @@ import numpy as np
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
 
-FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "decode_wgmma", "hopper_mx",
-            "quantize", "dot_scaled")
+FAMILIES = ("block_fp8", "block_fp8_persistent", "block_fp8_gluon", "upcast", "decode", "decode_wgmma", "decode_fp8",
+            "hopper_mx", "quantize", "dot_scaled")
 _RNG = np.random.default_rng(0)
 
 
@@ -51,7 +52,19 @@ def _matmul_cases(small: bool):
         ("block_fp8", "pointer", "fp8_block", "fp8_block", (300, 200), 65, TileConfig(block_m=128, block_n=64, **f8)),
         ("block_fp8", "split_k2", "fp8_block", "fp8_block", (129, 400), 65,
          TileConfig(block_m=64, block_n=64, split_k=2, **f8)),
-        ("block_fp8", "swapped", "fp8_block", "fp8_block", (7, 200), 129, None),
+        ("block_fp8", "swapped", "fp8_block", "fp8_block", (7, 200), 129,
+         TileConfig(block_m=64, block_n=16, group_m=1, swap_ab=True, kernel="block_fp8", **f8)),
+        # The fp8 decode kernel: dispatch's pick (N one past a tile, K padded to 256: two 128-wide boxes per
+        # slot), and forced (K 1100 pads to 1280: ten 128-wide blocks): 32 padded rows of a batch, 5 ordered
+        # splits over 3 persistent programs (each running several work items through its ring); 64 rows, 2
+        # fp32-atomic splits.
+        ("decode_fp8", "default", "fp8_block", "fp8_block", (7, 200), 129, None),
+        ("decode_fp8", "split5_programs3_batched", "fp8_block", "fp8_block", (2, 9, 1100), 130,
+         TileConfig(block_m=32, block_n=64, block_k=128, group_m=1, split_k=5, num_warps=4, num_stages=3,
+                    num_sms=3, kernel="decode_fp8")),
+        ("decode_fp8", "rows64_atomic_split2", "fp8_block", "fp8_block", (64, 1100), 130,
+         TileConfig(block_m=64, block_n=64, block_k=128, group_m=1, split_k=2, atomic_split_k=True, num_warps=4,
+                    num_stages=2, kernel="decode_fp8")),
         ("block_fp8", "tma", "fp8_block", "fp8_block", (129, 200), 130, None),
         ("upcast", "pointer", "nvfp4", "nvfp4", (129, 200), 65, None),
         ("upcast", "split_k3", "mxfp8", "mxfp4", (129, 400), 65,

@@ -75,6 +75,12 @@ _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1")
 # 11-23_session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
 # (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
 # at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
+# Block FP8 weights at 1-64 rows on Hopper (_triton/decode_fp8.py): the codes go to an fp8 wgmma as they are.
+_DECODE_FP8_WHY = ("decode (one weight): Gluon, persistent programs stream the weight by TMA through a ring of "
+                   "512-wide K slots into an fp8 wgmma (the codes as they are, weight rows as its M side), promoted "
+                   "per 128-K block, one kernel; 1.00-1.13x cuBLAS blockwise at 1-32 rows, 0.95-1.03x at 64, "
+                   "1.01-1.37x the swapped block_fp8 kernel below on an H100 (2026-11-23, kernel time, the five "
+                   "issue-#12 shapes; 0.98x at 7168 x 2048, 32 rows)")
 _DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
                      "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
                      "kernel; ")
@@ -113,9 +119,10 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # configs in decode._SM90_TUNED): fp4 and mxfp8 weights up to 16 rows (M=1: mxfp4 11.3 us vs
         # upcast 24.4, nvfp4 11.4 vs 20.1, mxfp8 13.0 vs 27.2; M=16: 20.5 vs 28.0, 16.1 vs 21.2, 20.4 vs
         # 26.7; the day's last run, with the fp16-route GEMV decode and the 64-row mxfp8 tile: M=1 9.4 / 10.2
-        # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) and for block
-        # FP8 (13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) the older kernels stay; fp6 weights are
-        # not measured yet.
+        # / 13.0, M=16 20.1 / 16.1 / 16.7). At M=64 (mxfp4 34.8 vs 30.2, mxfp8 43.8 vs 29.6) the older kernels
+        # stay; block FP8 (decode.py 13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) takes decode_fp8
+        # (session 18, benchmarks/results/decode_fp8_h100_2026-11-23_session18.md); fp6 weights are not measured
+        # yet.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast", _DECODE_WGMMA_WHY + _DECODE_WGMMA_MEASURED,
                     max_rows=16, min_rows=2, named_configs_only=True),
         # H100, 2026-11-23, kernel time, against decode.py's kernels (benchmarks/results/decode_wgmma_pairs_h100_
@@ -142,6 +149,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                            "bf16 x mxfp8 13.55 vs 10.44 us at 7168 x 2048, mxfp8 x mxfp8 21.30 vs 17.27 us at "
                            "7168 x 4096): 8-bit codes double the bytes per element and their decode (~3.4 "
                            "instructions per element) leaves the kernel issue-bound"),
+        KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",

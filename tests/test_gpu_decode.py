@@ -77,7 +77,10 @@ def _check(a, b, out_dtype=jnp.bfloat16, config=None):
     assert out.shape == ref.shape and out.dtype == out_dtype
     assert np.isfinite(np.asarray(out, np.float32)).all()
     err = _rel_err(out, ref)
-    assert err < _tolerance(out_dtype), (err, jb.explain(a, b), config)
+    # decode_fp8 (dispatched for block FP8 x block FP8 on sm_90) multiplies the codes on the fp8 wgmma, whose
+    # accumulation truncates (block_fp8.py): its own tolerance, as in tests/test_gpu_decode_fp8.py.
+    fp8_wgmma = config is None and jb.explain(a, b).kernel == "decode_fp8"
+    assert err < (2e-3 if fp8_wgmma else _tolerance(out_dtype)), (err, jb.explain(a, b), config)
     return out
 
 

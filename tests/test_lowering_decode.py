@@ -79,7 +79,9 @@ def test_dispatch_picks_decode_only_for_few_rows():
     assert backends.choose("sm_90", "e4m3", "e2m1", rows=16).kernel == "decode_wgmma"  # the Gluon kernel's rows
     for w in ("e2m1", "nvfp4", "e2m3", "e3m2", "e4m3", "e5m2", "block_fp8"):  # every weight format
         assert backends.choose("sm_90", "bf16", w, rows=1).kernel == "decode"
-    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16).kernel == "decode"
+    # block FP8 weights with block FP8 activations: the fp8 decode kernel (decode_fp8) comes first on sm_90
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16).kernel == "decode_fp8"
+    assert backends.choose("sm_100", "block_fp8", "block_fp8", rows=16).kernel == "decode"
     assert backends.choose("sm_90", "nvfp4", "nvfp4", rows=64).kernel == "decode"
     assert backends.choose("sm_90", "fp16", "e2m1", rows=16).kernel != "decode"
     assert backends.choose("cpu", "bf16", "e2m1", rows=1).path == "reference"
@@ -318,8 +320,9 @@ def test_matmul_lowers_to_one_kernel(fa, fb, m):
     from jax_blockscale._triton import jt
 
     kernels = jt.lowered_kernels(lowered)
-    gluon = sm90_decode_kernel(fa, fb, m) == "decode_wgmma"
-    name = b"decode_wgmma_kernel" if gluon else b"gemv_kernel" if m <= 4 else b"decode_kernel"
+    dispatched = sm90_decode_kernel(fa, fb, m)
+    name = (f"{dispatched}_kernel".encode() if dispatched != "decode"  # the Gluon kernels
+            else b"gemv_kernel" if m <= 4 else b"decode_kernel")
     assert len(kernels) == 1 and name in kernels[0]
     assert text.count("stablehlo.custom_call") == 1
     ops = set(_OPS.findall(re.sub(r"backend_config = \"[^\"]*\"", "", text)))

@@ -128,7 +128,8 @@ def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkey
     assert backends.choose("sm_90", "e4m3", "e4m3", rows=64).kernel == "upcast"
     assert backends.choose("sm_90", "e2m1", "e2m1", rows=64).kernel == "upcast"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=64).kernel == "upcast"
-    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=1).kernel == "block_fp8"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=1).kernel == "decode_fp8"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=65).kernel == "block_fp8"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=64, kernel="decode").kernel == "decode"
     assert backends.choose("sm_100", "e4m3", "e4m3", rows=4096).kernel != "hopper_mx"
     with pytest.raises(ValueError, match="no entry"):

@@ -1,0 +1,250 @@
+"""Block FP8 decode GEMM on Hopper: the weight's e4m3 codes straight into an fp8 wgmma (Gluon).
+
+Block FP8 (DeepSeek-V3) weights w (N, K) e4m3 with fp32 scales per 128 x 128 tile, times activations x
+(M, K) e4m3 with fp32 scales per 1 x 128 group, at 1-64 activation rows: a serving step, where the matmul
+streams the weight once and its time is the weight's bytes over the memory bandwidth. Unlike the fp4 / MX
+decode kernels (decode.py, decode_wgmma.py) nothing is decoded: the tensor cores multiply the codes as
+they are, so the kernel is a stream of the weight through shared memory with a few instructions per
+128-wide K block.
+
+- The weight is the MMA's M side (64 rows per work item, one warp group), the activations, padded to
+  `block_m` in (16, 32, 64) rows by the TMA unit's zero fill, its N side: wgmma m64nBMk32, both operands
+  from shared memory, K-major as the contract lays them out (no transpose anywhere).
+- Persistent programs (two per SM where the ring leaves room) take the (64-row tile, K split) work items in
+  turn, and one ring runs across them: a slot holds `block_k` / 128 consecutive 128-wide K blocks of the
+  weight and activations (one TMA box each, one mbarrier per slot), issued `STAGES - 1` slots ahead of the
+  wgmma reading it, so the next item's blocks load while this one finishes; the TMA descriptors are built
+  once per program.
+- Each 128-wide K block's wgmma result is promoted into the fp32 accumulator with `w_scale * x_scale[m]`
+  (DeepSeek-V3 §3.3.2, as block_fp8.py): a 64-row tile lies in one 128-row weight scale block, so the
+  weight's scale is one scalar per block; the activations' are one per output column.
+- Split-K (off by default) is reduced in the same kernel by decode_wgmma's epilogue (the last program of a
+  tile sums the fp32 partials in split order, bitwise deterministic; `atomic_split_k` for fp32 atomics).
+
+Measured (H100, 2026-11-23, kernel time, benchmarks/results/decode_fp8_h100_2026-11-23_session18.md): 1.00-1.13x
+cuBLAS blockwise at 1-32 rows and 0.95-1.03x at 64 over the five issue-#12 shapes (7168 x 4096: 13.19 / 13.62 /
+14.62 / 15.98 us at 1 / 16 / 32 / 64 rows), 1.01-1.37x the swapped Triton block_fp8 kernel that ran here before
+(except 0.98x at 7168 x 2048, 32 rows). What moved it, in order: persistent programs (one per (tile, split)
+with its own descriptors ran 0.52-0.93x cuBLAS), no K split (splits' fp32 partials cost more traffic than the
+extra programs win: 5-40% slower), and slots of 2-4 K blocks (256-512 contiguous bytes of each weight row
+requested together: 74-82% -> 78-86% of a same-size read at 7168 x 4096 and 8192 x 8192). At 64 rows the
+activation tile is as large as the weight's and is re-read by every work item; that is where it is slowest.
+
+Hopper only (wgmma); sm_100 and gfx950 keep block_fp8.py, whose Triton source lowers to tcgen05 / MFMA.
+Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_fp8.py checks results on the GPU,
+tests/test_lowering_decode_fp8.py the instructions and dispatch on the CPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+
+from . import launch as scratch
+from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands
+from .decode import split_k_workspace, tensor_scale_operands
+from .decode_wgmma import _epilogue
+from .problem import BLOCK_FP8, GemmProblem, TileConfig
+
+SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
+BLOCK_MS = (16, 32, 64)  # the activation rows padded to wgmma's N side
+TILE_ROWS = 64  # weight rows per work item: one m64 warp group, half a 128-row scale block
+BLOCK_KS = (128, 256, 512)  # K per ring slot: 1, 2 or 4 TMA boxes of 128 K, one mbarrier
+# Shared memory one H100 block may use (227 KiB); the ring takes STAGES x (64 + BM) x block_k bytes.
+SMEM_BYTES = 232448
+
+
+@gluon.jit
+def _issue(w_desc, x_desc, w_bufs, x_bufs, ready, g, NSTEP: gl.constexpr, BOXES: gl.constexpr,
+           N_TILES: gl.constexpr, PROGRAMS: gl.constexpr, STAGES: gl.constexpr):
+    """TMA of this program's g-th step into ring slot g % STAGES, completing that slot's mbarrier: step
+    g % NSTEP of its work item g // NSTEP (`_item`), BOXES consecutive 128-wide K blocks of weight rows n0..
+    (zero past N) and activation rows 0..BM-1 (zero past M)."""
+    n0, kb0 = _item(g // NSTEP, NSTEP * BOXES, N_TILES, PROGRAMS)
+    kb = kb0 + (g % NSTEP) * BOXES
+    s = g % STAGES
+    bar = ready.index(s)
+    mbarrier.expect(bar, BOXES * (w_desc.block_type.nbytes + x_desc.block_type.nbytes))
+    for b in gl.static_range(BOXES):
+        tma.async_copy_global_to_shared(w_desc, [n0, (kb + b) * 128], bar, w_bufs.index(s * BOXES + b))
+        tma.async_copy_global_to_shared(x_desc, [0, (kb + b) * 128], bar, x_bufs.index(s * BOXES + b))
+
+
+@gluon.jit
+def _item(t, NKB: gl.constexpr, N_TILES: gl.constexpr, PROGRAMS: gl.constexpr):
+    """(first weight row, first K block) of this program's t-th work item: item pid + t * PROGRAMS, which is
+    split item // N_TILES of N tile item % N_TILES (consecutive programs take neighbouring tiles)."""
+    item = gl.program_id(0) + t * PROGRAMS
+    return (item % N_TILES) * 64, (item // N_TILES) * NKB
+
+
+@gluon.jit
+def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
+                      M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr, BOXES: gl.constexpr,
+                      SPLIT_K: gl.constexpr, STAGES: gl.constexpr, PROGRAMS: gl.constexpr, ATOMIC: gl.constexpr):
+    """out (M, N) = a_ts * b_ts * sum over 128-wide K blocks kb of (x_kb @ w_kb.T) * x_scale[m, kb] *
+    w_scale[n / 128, kb].
+
+    w (N, K) e4m3, w_scale (cdiv(N, 128), K / 128) fp32, x (M, K) e4m3, x_scale (M, K / 128) fp32, M <= BM.
+    ws: (SPLIT_K, M, N) fp32 partials or a zeroed (M, N) accumulator (ATOMIC); count: zeroed int32 per N tile
+    (both unused when SPLIT_K == 1). Work items: (64-row N tile, K split) pairs, cdiv(N, 64) * SPLIT_K of
+    them; grid (PROGRAMS,), one warp group each, program p taking items p, p + PROGRAMS, ... with one ring
+    running across them (the next item's blocks load while this item finishes). A ring slot holds BOXES
+    consecutive K blocks, loaded together. K a multiple of 128 * BOXES * SPLIT_K."""
+    R: gl.constexpr = 64
+    SCALE_K: gl.constexpr = K // 128
+    NKB: gl.constexpr = SCALE_K // SPLIT_K  # K blocks per item
+    NSTEP: gl.constexpr = NKB // BOXES      # ring steps per item
+    N_TILES: gl.constexpr = (N + R - 1) // R
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 32])
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, 128], gl.float8e4nv)
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, 128], gl.float8e4nv)
+
+    items = (N_TILES * SPLIT_K - gl.program_id(0) + PROGRAMS - 1) // PROGRAMS
+    total = items * NSTEP  # ring steps this program streams
+
+    # Descriptors built once per program (global scratch); they zero-fill past N and M.
+    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K], [K, 1], [R, 128], W_SMEM)
+    x_desc = tma.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BM, 128], X_SMEM)
+    w_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * BOXES, R, 128], W_SMEM)
+    x_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * BOXES, BM, 128], X_SMEM)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=1)
+    for j in gl.static_range(STAGES - 1):
+        if j < total:
+            _issue(w_desc, x_desc, w_bufs, x_bufs, ready, j, NSTEP, BOXES, N_TILES, PROGRAMS, STAGES)
+
+    cols = gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
+    col_ok = cols < M
+    zeros = gl.zeros([R, BM], gl.float32, layout=MMA)
+    g = 0
+    for t in range(items):
+        n0, kb0 = _item(t, NKB, N_TILES, PROGRAMS)
+        # Scales: the weight's one per (128-row block, K block), the activations' one per output column;
+        # each block's loaded before the previous block's wgmma, so that their latency hides behind it.
+        xs_ptrs = x_scale_ptr + cols * SCALE_K + kb0
+        ws_ptr0 = w_scale_ptr + (n0 // 128) * SCALE_K + kb0
+        x_s = gl.load(xs_ptrs, mask=col_ok, other=0.0)
+        w_s = gl.load(ws_ptr0)
+        acc = zeros
+        for i in range(NSTEP):
+            # Slot (g - 1) % STAGES was read by the previous step's wgmma, which every warp has waited for.
+            gl.thread_barrier()
+            if g + STAGES - 1 < total:
+                _issue(w_desc, x_desc, w_bufs, x_bufs, ready, g + STAGES - 1, NSTEP, BOXES, N_TILES, PROGRAMS,
+                       STAGES)
+            s = g % STAGES
+            mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+            for b in gl.static_range(BOXES):
+                nk = gl.minimum(i * BOXES + b + 1, NKB - 1)
+                next_x_s = gl.load(xs_ptrs + nk, mask=col_ok, other=0.0)
+                next_w_s = gl.load(ws_ptr0 + nk)
+                partial = warpgroup_mma(w_bufs.index(s * BOXES + b), x_bufs.index(s * BOXES + b).permute((1, 0)),
+                                        zeros, use_acc=False)
+                acc += partial * (x_s * w_s)[None, :]
+                x_s = next_x_s
+                w_s = next_w_s
+            g += 1
+        _epilogue(acc, n0 // R, kb0 // NKB, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC,
+                  MMA)
+    for j in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(j))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side.
+
+# Launch defaults, from `python -m benchmarks.decode --fp8-knobs` (H100, 2026-11-23, kernel time, 7168 x 4096 and
+# 8192 x 8192 at 1 / 16 / 64 rows; benchmarks/results/decode_fp8_h100_2026-11-23_session18.md, knob sweeps):
+# - K per ring slot: 128-wide blocks alone read at 74-82% of a same-size read; slots of 2-4 consecutive blocks
+#   (256-512 contiguous bytes of each weight row requested together) at 78-86% (7168 x 4096, 1 row: 14.31 ->
+#   13.26 us). At 64 rows 256 beat 512 (16.07 against 16.69 us), its activation tiles being as large as the
+#   weight's.
+# - About 48 KiB of weight in the ring per program: 4 or 8 stages of 128-wide blocks ran 2-5% slower than 6;
+#   3 stages of 512 within 2% of 2, 4 stages of 256 within 1% of 3.
+# - Persistent programs, as many as fit on the SMs at once (two per SM where the ring leaves room): K splits
+#   ran 5-40% slower (their fp32 partials cost more traffic than the extra programs win), and 132 programs
+#   instead of 264 made no difference where the tiles number fewer than the SMs.
+_SMS = 132  # H100 / H200
+_RING_BYTES = 48 * 1024
+
+
+def _smem_bytes(config: TileConfig) -> int:
+    return config.num_stages * (TILE_ROWS + config.block_m) * config.block_k + 1024
+
+
+def check_config(p: GemmProblem, config: TileConfig) -> None:
+    rows = p.batch * p.m
+    if (p.a_kind, p.b_kind) not in SUPPORTED:
+        raise ValueError(f"the fp8 decode kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
+    if p.b_batched:
+        raise ValueError("the fp8 decode kernel needs an unbatched weight")
+    if p.k % SCALE_GROUP:
+        raise ValueError(f"block_fp8 needs K padded to a multiple of 128, got K={p.k}")
+    if config.block_m not in BLOCK_MS or rows > config.block_m:
+        raise ValueError(f"the fp8 decode kernel pads the activation rows to block_m in {BLOCK_MS} (wgmma's N): "
+                         f"rows={rows}, block_m={config.block_m}")
+    if config.block_n != TILE_ROWS or config.num_warps != 4:
+        raise ValueError(f"the fp8 decode kernel runs 64 weight rows on one 4-warp group, got "
+                         f"block_n={config.block_n}, num_warps={config.num_warps}")
+    if config.block_k not in BLOCK_KS:
+        raise ValueError(f"block_k (the K one ring slot holds) must be one of {BLOCK_KS}, got {config.block_k}")
+    if config.split_k < 1 or p.k % (config.block_k * config.split_k):
+        raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
+    if config.num_stages < 2:
+        raise ValueError(f"num_stages (the ring's K blocks) must be >= 2, got {config.num_stages}")
+    if config.num_sms < 1:
+        raise ValueError(f"num_sms (the persistent programs) must be >= 1, got {config.num_sms}")
+    if _smem_bytes(config) > SMEM_BYTES:
+        raise ValueError(f"{config.num_stages} stages of {TILE_ROWS + config.block_m} x 128 bytes exceed an H100 "
+                         f"block's {SMEM_BYTES} bytes of shared memory")
+
+
+def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
+    """The rows padded to 16, 32 or 64; ring slots of the widest K (512, 256 or 128; at most 256 at 64 rows)
+    that divides K, about `_RING_BYTES` of weight in the ring; no K split; as many persistent programs as
+    fit on the SMs at once (module comment above)."""
+    del target
+    block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
+    block_k = next(bk for bk in BLOCK_KS[::-1] if p.k % bk == 0 and (block_m < 64 or bk <= 256))
+    cfg = TileConfig(block_m=block_m, block_n=TILE_ROWS, block_k=block_k, group_m=1, num_warps=4,
+                     num_stages=max(2, _RING_BYTES // (TILE_ROWS * block_k)), split_k=1, kernel="decode_fp8")
+    return cfg.replace(num_sms=_SMS * max(1, min(2, SMEM_BYTES // _smem_bytes(cfg))))
+
+
+# The primitive passes the tensor scales (ones for block FP8) as they are, multiplied in the kernel's epilogue:
+# no XLA multiply kernel beside this one.
+TAKES_TENSOR_SCALES = True
+
+
+def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
+           alpha: jax.Array, *, config: TileConfig, compute_capability: int, a_ts=None, b_ts=None) -> jax.Array:
+    """The block FP8 decode GEMM (module docstring); returns (p.batch, p.m, p.n) of p.out_dtype. `alpha` (1,)
+    is used when the scalar tensor scales `a_ts` / `b_ts` are not given."""
+    if compute_capability != 90:
+        raise ValueError(f"the fp8 decode kernel runs on sm_90 (wgmma), got compute capability {compute_capability}")
+    check_config(p, config)
+    check_operands(p, a_values, a_scales, b_values, b_scales)
+    rows = p.batch * p.m
+    x = a_values.reshape(rows, p.k)
+    xs = a_scales.reshape(rows, p.k // SCALE_GROUP)
+    a_ts, b_ts = tensor_scale_operands(alpha, a_ts, b_ts)
+    n_tiles = triton.cdiv(p.n, TILE_ROWS)
+    ws_shape, zeroed = split_k_workspace(rows, p.n, config)
+    programs = min(config.num_sms, n_tiles * config.split_k)
+    out, _, _ = scratch.scratch_call(
+        decode_fp8_kernel, b_values, b_scales, x, xs, a_ts, b_ts,
+        out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
+                   jax.ShapeDtypeStruct(ws_shape, jnp.float32),
+                   jax.ShapeDtypeStruct((n_tiles if config.split_k > 1 else 1,), jnp.int32)],
+        zeroed_outputs=zeroed, grid=(programs,), num_warps=4, num_stages=config.num_stages,
+        compute_capability=compute_capability, name="decode_fp8", M=rows, N=p.n, K=p.k, BM=config.block_m,
+        BOXES=config.block_k // SCALE_GROUP, SPLIT_K=config.split_k, STAGES=config.num_stages, PROGRAMS=programs,
+        ATOMIC=bool(config.atomic_split_k),
+    )
+    return out.reshape(p.batch, p.m, p.n)
