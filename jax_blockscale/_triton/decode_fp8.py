@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands
 from .decode import split_k_workspace, tensor_scale_operands
-from .decode_wgmma import _epilogue
+from .decode_wgmma import _epilogue, check_rows_and_k_steps
 from .problem import BLOCK_FP8, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
@@ -179,23 +179,16 @@ def _smem_bytes(config: TileConfig) -> int:
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
-    rows = p.batch * p.m
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"the fp8 decode kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
     if p.b_batched:
         raise ValueError("the fp8 decode kernel needs an unbatched weight")
     if p.k % SCALE_GROUP:
         raise ValueError(f"block_fp8 needs K padded to a multiple of 128, got K={p.k}")
-    if config.block_m not in BLOCK_MS or rows > config.block_m:
-        raise ValueError(f"the fp8 decode kernel pads the activation rows to block_m in {BLOCK_MS} (wgmma's N): "
-                         f"rows={rows}, block_m={config.block_m}")
+    check_rows_and_k_steps(p, config, "the fp8 decode kernel", BLOCK_MS, BLOCK_KS, "the K one ring slot holds")
     if config.block_n != TILE_ROWS or config.num_warps != 4:
         raise ValueError(f"the fp8 decode kernel runs 64 weight rows on one 4-warp group, got "
                          f"block_n={config.block_n}, num_warps={config.num_warps}")
-    if config.block_k not in BLOCK_KS:
-        raise ValueError(f"block_k (the K one ring slot holds) must be one of {BLOCK_KS}, got {config.block_k}")
-    if config.split_k < 1 or p.k % (config.block_k * config.split_k):
-        raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
     if config.num_stages < 2:
         raise ValueError(f"num_stages (the ring's K blocks) must be >= 2, got {config.num_stages}")
     if config.num_sms < 1:

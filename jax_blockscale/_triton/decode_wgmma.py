@@ -339,24 +339,32 @@ _TARGET_PROGRAMS = 768
 _MIN_CHUNKS = 2
 
 
-def check_config(p: GemmProblem, config: TileConfig) -> None:
+def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
+                           block_ks: tuple[int, ...], k_step: str) -> None:
+    """The Gluon decode kernels' shared rules (here and decode_fp8.py): the activation rows padded to a
+    `block_m` of `block_ms` (wgmma's N side), `block_k` (what `k_step` names) one of `block_ks`, and K a
+    multiple of block_k * split_k."""
     rows = p.batch * p.m
+    if config.block_m not in block_ms or rows > config.block_m:
+        raise ValueError(f"{kernel} pads the activation rows to block_m in {block_ms} (wgmma's N): "
+                         f"rows={rows}, block_m={config.block_m}")
+    if config.block_k not in block_ks:
+        raise ValueError(f"block_k ({k_step}) must be one of {block_ks}, got {config.block_k}")
+    if config.split_k < 1 or p.k % (config.block_k * config.split_k):
+        raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
+
+
+def check_config(p: GemmProblem, config: TileConfig) -> None:
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"the wgmma decode kernel takes mxfp4 / nvfp4 / mxfp8 weights with bf16 activations or "
                          f"quantized ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), got "
                          f"{p.a_kind} x {p.b_kind}")
     if p.b_batched:
         raise ValueError("the wgmma decode kernel needs an unbatched weight")
-    if config.block_m not in BLOCK_MS or rows > config.block_m:
-        raise ValueError(f"the wgmma decode kernel pads the activation rows to block_m in {BLOCK_MS} (wgmma's N): "
-                         f"rows={rows}, block_m={config.block_m}")
+    check_rows_and_k_steps(p, config, "the wgmma decode kernel", BLOCK_MS, CHUNKS, "the chunk of K per step")
     if config.num_warps not in (4, 8) or config.block_n != ROWS_PER_WARP * config.num_warps:
         raise ValueError(f"block_n must be {ROWS_PER_WARP} weight rows per warp with 4 or 8 warps (one or two "
                          f"m64 warp groups), got block_n={config.block_n}, num_warps={config.num_warps}")
-    if config.block_k not in CHUNKS:
-        raise ValueError(f"block_k (the chunk of K per step) must be one of {CHUNKS}, got {config.block_k}")
-    if config.split_k < 1 or p.k % (config.block_k * config.split_k):
-        raise ValueError(f"K ({p.k}) must be a multiple of block_k * split_k ({config.block_k} x {config.split_k})")
     if not 2 <= config.num_stages <= MAX_STAGES:
         raise ValueError(f"num_stages (the weight ring's chunks) must be in [2, {MAX_STAGES}], got {config.num_stages}")
     ring = config.num_stages * config.block_n * config.block_k // p.elements_per_byte("b")
