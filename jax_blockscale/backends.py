@@ -77,8 +77,8 @@ _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1")
 # at one row the GEMV is faster (9.4 vs 13.2 us at 7168 x 4096), so it keeps one row.
 # Block FP8 weights at 1-64 rows on Hopper (_triton/decode_fp8.py): the codes go to an fp8 wgmma as they are.
 _DECODE_FP8_WHY = ("decode (one weight): Gluon, persistent programs stream the weight by TMA through a ring of "
-                   "256-512-byte K slots into an fp8 wgmma (the codes as they are, weight rows as its M side), promoted "
-                   "per 128-K block, one kernel; 1.00-1.13x cuBLAS blockwise at 1-32 rows, 0.95-1.03x at 64, "
+                   "256-512-byte K slots into an fp8 wgmma (the codes as they are, weight rows as its M side), "
+                   "promoted per 128-K block, one kernel; 1.00-1.13x cuBLAS blockwise at 1-32 rows, 0.95-1.03x at 64, "
                    "1.01-1.37x the swapped block_fp8 kernel below on an H100 (2026-11-23, kernel time, the five "
                    "issue-#12 shapes; 0.98x at 7168 x 2048, 32 rows)")
 _DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
