@@ -43,9 +43,9 @@ def test_dispatch(target, rows, want):
 def test_a_callers_own_config_skips_it_and_naming_it_reaches_it():
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16, configured=True).kernel == "block_fp8"
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16, kernel="decode_fp8").kernel == "decode_fp8"
-    for pair in backends.KERNEL_TABLE["sm_90"]:
-        if pair.module == "decode_fp8":
-            assert pair.pairs == df.SUPPORTED
+    for entry in backends.KERNEL_TABLE["sm_90"]:
+        if entry.module == "decode_fp8":
+            assert entry.pairs == df.SUPPORTED
 
 
 @pytest.mark.parametrize("m,k,block_m,block_k,stages", [

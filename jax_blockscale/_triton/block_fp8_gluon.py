@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch, out_rows_tma_aligned
-from .problem import BLOCK_FP8, GemmProblem, TileConfig
+from .problem import BLOCK_FP8, HOPPER_SMEM_BYTES, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 # Columns per wgmma and per promotion: one weight scale block, 64 partial registers per consumer thread.
@@ -69,7 +69,7 @@ SUBTILE_N = gl.constexpr(SUBTILE_COLUMNS)
 MAX_REGISTERS = 168
 CONSUMER_REGISTERS = gl.constexpr(224)
 LOADER_REGISTERS = gl.constexpr(56)
-SMEM_BYTES = 232448  # shared memory one H100 block may use (227 KiB)
+SMEM_BYTES = HOPPER_SMEM_BYTES
 
 
 @gluon.jit

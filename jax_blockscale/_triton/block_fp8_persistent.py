@@ -32,13 +32,13 @@ import triton.language as tl
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch, out_rows_tma_aligned
-from .problem import BLOCK_FP8, GemmProblem, TileConfig
+from .problem import BLOCK_FP8, HOPPER_SMS, GemmProblem, TileConfig
 from .tiling import grouped_tile, tma_descriptor, tma_load, promote_block
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 
 # H100 SXM / H200: 132 SMs. One program per SM; a GPU with fewer SMs still runs correctly (programs queue).
-DEFAULT_NUM_SMS = 132
+DEFAULT_NUM_SMS = HOPPER_SMS
 
 
 @triton.jit

@@ -30,7 +30,7 @@ extra programs win: 5-40% slower), and slots of 2-4 K blocks (256-512 contiguous
 requested together: 74-82% -> 78-86% of a same-size read at 7168 x 4096 and 8192 x 8192). At 64 rows the
 activation tile is as large as the weight's and is re-read by every work item; that is where it is slowest.
 
-Hopper only (wgmma); sm_100 and gfx950 keep block_fp8.py, whose Triton source lowers to tcgen05 / MFMA.
+Hopper only (wgmma); sm_100 and gfx950 keep decode.py, whose Triton source lowers to tcgen05 / MFMA there.
 Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_fp8.py checks results on the GPU,
 tests/test_lowering_decode_fp8.py the instructions and dispatch on the CPU.
 """
@@ -47,15 +47,13 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands
 from .decode import split_k_workspace, tensor_scale_operands
-from .decode_wgmma import _epilogue, check_rows_and_k_steps
-from .problem import BLOCK_FP8, GemmProblem, TileConfig
+from .decode_wgmma import check_rows_and_k_steps, split_k_epilogue
+from .problem import BLOCK_FP8, HOPPER_SMEM_BYTES, HOPPER_SMS, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 BLOCK_MS = (16, 32, 64)  # the activation rows padded to wgmma's N side
 TILE_ROWS = 64  # weight rows per work item: one m64 warp group, half a 128-row scale block
 BLOCK_KS = (128, 256, 512)  # K per ring slot: 1, 2 or 4 TMA boxes of 128 K, one mbarrier
-# Shared memory one H100 block may use (227 KiB); the ring takes STAGES x (64 + BM) x block_k bytes.
-SMEM_BYTES = 232448
 
 
 @gluon.jit
@@ -150,8 +148,8 @@ def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr
                 x_s = next_x_s
                 w_s = next_w_s
             g += 1
-        _epilogue(acc, n0 // R, kb0 // NKB, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC,
-                  MMA)
+        split_k_epilogue(acc, n0 // R, kb0 // NKB, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K,
+                         ATOMIC, MMA)
     for j in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(j))
 
@@ -170,11 +168,11 @@ def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr
 # - Persistent programs, as many as fit on the SMs at once (two per SM where the ring leaves room): K splits
 #   ran 5-40% slower (their fp32 partials cost more traffic than the extra programs win), and 132 programs
 #   instead of 264 made no difference where the tiles number fewer than the SMs.
-_SMS = 132  # H100 / H200
 _RING_BYTES = 48 * 1024
 
 
 def _smem_bytes(config: TileConfig) -> int:
+    """The ring (STAGES slots of 64 weight rows and BM activation rows, block_k bytes each) and its mbarriers."""
     return config.num_stages * (TILE_ROWS + config.block_m) * config.block_k + 1024
 
 
@@ -190,12 +188,12 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"the fp8 decode kernel runs 64 weight rows on one 4-warp group, got "
                          f"block_n={config.block_n}, num_warps={config.num_warps}")
     if config.num_stages < 2:
-        raise ValueError(f"num_stages (the ring's K blocks) must be >= 2, got {config.num_stages}")
+        raise ValueError(f"num_stages (the ring's slots) must be >= 2, got {config.num_stages}")
     if config.num_sms < 1:
         raise ValueError(f"num_sms (the persistent programs) must be >= 1, got {config.num_sms}")
-    if _smem_bytes(config) > SMEM_BYTES:
+    if _smem_bytes(config) > HOPPER_SMEM_BYTES:
         raise ValueError(f"{config.num_stages} stages of {TILE_ROWS + config.block_m} x 128 bytes exceed an H100 "
-                         f"block's {SMEM_BYTES} bytes of shared memory")
+                         f"block's {HOPPER_SMEM_BYTES} bytes of shared memory")
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
@@ -207,7 +205,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     block_k = next(bk for bk in BLOCK_KS[::-1] if p.k % bk == 0 and (block_m < 64 or bk <= 256))
     cfg = TileConfig(block_m=block_m, block_n=TILE_ROWS, block_k=block_k, group_m=1, num_warps=4,
                      num_stages=max(2, _RING_BYTES // (TILE_ROWS * block_k)), split_k=1, kernel="decode_fp8")
-    return cfg.replace(num_sms=_SMS * max(1, min(2, SMEM_BYTES // _smem_bytes(cfg))))
+    return cfg.replace(num_sms=HOPPER_SMS * max(1, min(2, HOPPER_SMEM_BYTES // _smem_bytes(cfg))))
 
 
 # The primitive passes the tensor scales (ones for block FP8) as they are, multiplied in the kernel's epilogue:

@@ -217,11 +217,11 @@ def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N
 
 
 @gluon.jit
-def _epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M: gl.constexpr, N: gl.constexpr,
-              SPLIT_K: gl.constexpr, ATOMIC: gl.constexpr, MMA: gl.constexpr):
+def split_k_epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M: gl.constexpr,
+                     N: gl.constexpr, SPLIT_K: gl.constexpr, ATOMIC: gl.constexpr, MMA: gl.constexpr):
     """Stores one N tile's (R, BM) fp32 partial transposed into out (M, N), after the split-K reduction of
-    the module docstring (ordered workspace, or fp32 atomics when ATOMIC). The Gluon twin of
-    `decode.store_or_reduce`, which a Gluon kernel cannot call: it builds tensors without layouts."""
+    the module docstring (ordered workspace, or fp32 atomics when ATOMIC); also decode_fp8.py's. The Gluon twin
+    of `decode.store_or_reduce`, which a Gluon kernel cannot call: it builds tensors without layouts."""
     R: gl.constexpr = acc.shape[0]
     BM: gl.constexpr = acc.shape[1]
     alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
@@ -313,7 +313,7 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
         a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB), A_OP)  # the layouts agree: no data moves
         acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
     async_copy.wait_group(0)
-    _epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
+    split_k_epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ ALL_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8) + DENSE_KINDS
 # (benchmarks/_kernel_time.reclassify).
 DEQUANTIZE_SCOPE = "jbs_dequantize"
 
+# Hopper (H100 / H200): the SMs that persistent kernels size their grids by, and the shared memory one block
+# may use (227 KiB), which bounds the Gluon kernels' rings.
+HOPPER_SMS = 132
+HOPPER_SMEM_BYTES = 232448
+
 # Names of the dense dtypes as operand kinds and output dtypes (jnp dtype -> name).
 DTYPE_NAMES = {np.dtype(ml_dtypes.bfloat16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
 ELEMENTS_PER_BYTE = {"e2m1": 2, NVFP4: 2}
@@ -96,7 +101,7 @@ class TileConfig:
     flatten: bool = False
     prefetch_scales: bool = False
     a_scales_t: bool = False
-    num_sms: int = 132
+    num_sms: int = HOPPER_SMS
     # Registers per thread capped (PTX .maxnreg; 0: the compiler's choice), e.g. 128 so that two 8-warp
     # programs share an SM and one's promotion overlaps the other's wgmma.
     max_registers: int = 0
