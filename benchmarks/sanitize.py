@@ -65,6 +65,12 @@ def _matmul_cases(small: bool):
         ("decode_fp8", "rows64_atomic_split2", "fp8_block", "fp8_block", (64, 1100), 130,
          TileConfig(block_m=64, block_n=64, block_k=128, group_m=1, split_k=2, atomic_split_k=True, num_warps=4,
                     num_stages=2, kernel="decode_fp8")),
+        # 8-bit MX: ragged N and rows (the staged activation scales past M, the weight's scale words past N),
+        # K 1100 (padded to 1280: a scale table of 40 groups, not a power of two), and 3 programs over split items.
+        ("decode_fp8", "mx_default", "mxfp8", "mxfp8", (5, 1100), 130, None),
+        ("decode_fp8", "mx_e5m2_split2_programs3", "mxfp8_e5m2", "mxfp8", (2, 13, 1024), 200,
+         TileConfig(block_m=32, block_n=64, block_k=256, group_m=1, split_k=2, num_warps=4, num_stages=3,
+                    num_sms=3, kernel="decode_fp8")),
         ("block_fp8", "tma", "fp8_block", "fp8_block", (129, 200), 130, None),
         ("upcast", "pointer", "nvfp4", "nvfp4", (129, 200), 65, None),
         ("upcast", "split_k3", "mxfp8", "mxfp4", (129, 400), 65,
@@ -141,7 +147,9 @@ def run_matmuls(families, small: bool, match: str = "") -> list[str]:
         kernel = config.kernel if config is not None and config.kernel else jb.explain(a, b, rows=rows).kernel
         out = jax.block_until_ready(jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=jnp.float32, config=config))(a, b))
         err = _rel(out, jb.reference.matmul(a, b))
-        tol = 2e-3 if fa == "fp8_block" else 1e-5
+        # fp8 wgmma accumulates with truncation: per 128-wide block for block FP8 (~1e-4), per 32-wide group for
+        # 8-bit MX on decode_fp8 (~5e-5); every other kernel multiplies exactly decoded bf16 / fp32 values.
+        tol = 2e-3 if fa == "fp8_block" else 2e-4 if kernel == "decode_fp8" else 1e-5
         ok = err < tol and kernel == fam
         print(f"{'ok  ' if ok else 'FAIL'} {fam:<9} {label:<22} {fa} x {fb} a{a_shape} n={n}: kernel {kernel}, "
               f"rel err {err:.2e}")

@@ -38,6 +38,10 @@ class KernelEntry:
     # Only for a batched weight or at least this many activation rows (large-M kernels whose tiles would
     # be mostly padding at decode sizes); None: any problem.
     min_rows: Optional[int] = None
+    # Only when the activation rows (padded to a power of two, at least 8) times K's 32-wide groups (rounded up
+    # to a power of two) are at most this, K known: the 8-bit MX fp8 decode kernel stages the activations'
+    # decoded scales (fp32, 4 bytes each) in shared memory beside its ring; None: any problem.
+    max_staged_scales: Optional[int] = None
     # Set: automatic dispatch skips the entry (reachable with TileConfig(kernel=...)), and this says why.
     opt_in: Optional[str] = None
     # Its launcher reads only configs that name it (TileConfig(kernel=module)): a caller's config that does
@@ -81,6 +85,16 @@ _DECODE_FP8_WHY = ("decode (one weight): Gluon, persistent programs stream the w
                    "promoted per 128-K block, one kernel; 1.00-1.13x cuBLAS blockwise at 1-32 rows, 0.95-1.03x at 64, "
                    "1.01-1.37x the swapped block_fp8 kernel below on an H100 (2026-11-23, kernel time, the five "
                    "issue-#12 shapes; 0.98x at 7168 x 2048, 32 rows)")
+# 8-bit MX on both sides (e4m3 / e5m2 codes, e8m0 scales per 32) take the same kernel, promoted per 32.
+_MX8_PAIRS = frozenset((x, w) for x in ("e4m3", "e5m2") for w in ("e4m3", "e5m2"))
+# 128 KiB of decoded activation scales: with its default ring it fits a Hopper block at every row count
+# (64 rows up to K = 16384, 16 rows up to 65536; tests/test_lowering_decode_fp8.py checks the defaults).
+MX8_STAGED_SCALES = 32768
+_DECODE_FP8_MX_WHY = ("decode (one weight): the fp8 decode kernel above, one k32 wgmma per 32-wide MX group promoted "
+                      "in fp32 with the weight row's and activation row's e8m0 scales, one kernel; against decode.py / "
+                      "upcast, which ran here before: 1.56-1.70x at 4 rows, 0.89-1.27x at 8, 0.98-1.26x at 16, "
+                      "1.27-1.43x at 32, 1.12-1.33x at 64 on an H100 (2026-11-23, kernel time, the five issue-#12 "
+                      "shapes); one row keeps decode.py's GEMV (this kernel 0.72-1.01x of it)")
 _DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A-operand register layout (K "
                      "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
                      "kernel; ")
@@ -150,6 +164,8 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                            "7168 x 4096): 8-bit codes double the bytes per element and their decode (~3.4 "
                            "instructions per element) leaves the kernel issue-bound"),
         KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
+        KernelEntry("decode_fp8", _MX8_PAIRS, "native", _DECODE_FP8_MX_WHY, max_rows=64, min_rows=2,
+                    max_staged_scales=MX8_STAGED_SCALES, named_configs_only=True),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
                     max_rows=16),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 wgmma or CUDA-core FMAs",
@@ -246,6 +262,12 @@ def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: O
         return False
     if entry.min_rows is not None and rows is not None and rows < entry.min_rows:
         return False
+    if entry.max_staged_scales is not None:
+        if rows is None or k is None:
+            return False
+        padded = max(8, 1 << (rows - 1).bit_length())
+        if padded * (1 << (max(1, -(-k // 32)) - 1).bit_length()) > entry.max_staged_scales:
+            return False
     if entry.min_size is not None:
         if None in (rows, n, k) or any(v < lo for v, lo in zip((rows, n, k), entry.min_size)):
             return False

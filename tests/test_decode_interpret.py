@@ -103,10 +103,11 @@ for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False,
                       out_dtype="float32",
                       config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
-# (mxfp8 x mxfp4 at 2-32 rows and block FP8 x block FP8 at 1-64 dispatch to Gluon kernels, which the interpreter
-# cannot run: mxfp8 weights here, and block FP8 pairs only with the configs above.)
-for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("mxfp8", "mxfp8", 16),
-                  ("mxfp8_e5m2", "mxfp8", 5), ("bf16", "mxfp6_e3m2", 64)):
+# (mxfp8 x mxfp4 at 2-32 rows, 8-bit MX on both sides and block FP8 x block FP8 at 1-64 dispatch to Gluon
+# kernels, which the interpreter cannot run: mxfp8 weights here with bf16 or fp6 activations, and the other
+# pairs only with the configs above.)
+for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("bf16", "mxfp8", 16),
+                  ("mxfp6_e2m3", "mxfp8", 5), ("bf16", "mxfp6_e3m2", 64)):
     seed += 1
     CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=700, seed=seed, out_dtype="float32"))
 

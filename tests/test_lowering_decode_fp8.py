@@ -43,9 +43,11 @@ def test_dispatch(target, rows, want):
 def test_a_callers_own_config_skips_it_and_naming_it_reaches_it():
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16, configured=True).kernel == "block_fp8"
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=16, kernel="decode_fp8").kernel == "decode_fp8"
+    pairs = set()
     for entry in backends.KERNEL_TABLE["sm_90"]:
         if entry.module == "decode_fp8":
-            assert entry.pairs == df.SUPPORTED
+            pairs |= entry.pairs
+    assert pairs == df.SUPPORTED
 
 
 @pytest.mark.parametrize("m,k,block_m,block_k,stages", [
@@ -87,7 +89,7 @@ def test_check_config_refuses_other_problems():
 def test_compiled_kernel_streams_by_tma_into_fp8_wgmma(bm, boxes, split):
     c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=SIGNATURE, num_warps=4, num_stages=2,
                        constexprs=dict(M=bm - 3, N=7168, K=4096, BM=bm, BOXES=boxes, SPLIT_K=split, STAGES=2,
-                                       PROGRAMS=264, ATOMIC=False))
+                                       PROGRAMS=264, ATOMIC=False, GROUP=128))
     ptx = c.asm["ptx"]
     # the codes multiply as they are: fp8 wgmma with both operands from shared memory (descriptors)
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)) == {
@@ -111,3 +113,78 @@ def test_matmul_lowers_to_this_one_kernel():
     kernels = jt.lowered_kernels(lowered)
     assert len(kernels) == 1 and b"decode_fp8_kernel" in kernels[0]
     assert lowered.as_text().count("stablehlo.custom_call") == 1
+
+
+# 8-bit MX on both sides: the same kernel, one k32 wgmma per 32-wide group.
+@pytest.mark.parametrize("a_kind,b_kind,rows,want", [
+    ("e4m3", "e4m3", 2, "decode_fp8"), ("e5m2", "e4m3", 16, "decode_fp8"), ("e4m3", "e5m2", 64, "decode_fp8"),
+    ("e4m3", "e4m3", 1, "decode"),    # one row: decode.py's GEMV measured faster
+    ("e4m3", "e4m3", 65, "upcast"),
+    ("bf16", "e4m3", 16, "decode"),   # bf16 activations: no fp8 wgmma, decode.py decodes the weight
+    ("e2m1", "e4m3", 16, "decode"),   # fp4 activations neither
+])
+def test_mx_dispatch(a_kind, b_kind, rows, want):
+    assert backends.choose("sm_90", a_kind, b_kind, rows=rows, n=7168, k=4096).kernel == want
+    assert backends.choose("sm_100", a_kind, b_kind, rows=rows, n=7168, k=4096).kernel != "decode_fp8"
+
+
+def test_mx_default_config_and_refusals():
+    p = GemmProblem(1, False, 16, 7168, 4096, "e4m3", "e5m2", "bf16")
+    cfg = df.default_config(p)
+    assert (cfg.block_m, cfg.block_k, cfg.num_stages, cfg.split_k, cfg.num_sms) == (16, 256, 3, 1, 264)
+    df.check_config(p, cfg)
+    # up to 8 rows pad to wgmma's n8; 64 rows with 8192 / 32 decoded activation scales leave room for one program
+    assert df.default_config(p.__class__(1, False, 5, 7168, 4096, "e4m3", "e4m3", "bf16")).block_m == 8
+    wide = p.__class__(1, False, 64, 7168, 8192, "e4m3", "e4m3", "bf16")
+    assert df.default_config(wide).num_sms == 132
+    df.check_config(wide, df.default_config(wide))
+    with pytest.raises(ValueError, match="8-bit MX"):
+        df.check_config(GemmProblem(1, False, 16, 7168, 4096, "e2m1", "e4m3", "bf16"), cfg)
+
+
+@pytest.mark.parametrize("w,x,bm,boxes,split", [("fp8e4nv", "fp8e4nv", 16, 4, 1), ("fp8e5", "fp8e4nv", 32, 2, 2),
+                                                ("fp8e4nv", "fp8e5", 64, 2, 1)])
+def test_compiled_mx_kernel_runs_one_wgmma_per_group(w, x, bm, boxes, split):
+    sig = dict(SIGNATURE, w_ptr="*" + w, x_ptr="*" + x, w_scale_ptr="*u8", x_scale_ptr="*u8")
+    c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=sig, num_warps=4, num_stages=2,
+                       constexprs=dict(M=bm - 3, N=7168, K=4096, BM=bm, BOXES=boxes, SPLIT_K=split, STAGES=2,
+                                       PROGRAMS=264, ATOMIC=False, GROUP=32))
+    ptx = c.asm["ptx"]
+    name = {"fp8e4nv": "e4m3", "fp8e5": "e5m2"}
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)
+    assert set(wgmma) == {f"wgmma.mma_async.sync.aligned.m64n{bm}k32.f32.{name[w]}.{name[x]}"}
+    assert len(wgmma) == 4 * boxes  # one per 32-wide group of a ring slot: each promoted with its own scales
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier") == 2 * boxes * 2
+    # a block's four groups in flight together: one wait per 128-wide block, not one per group
+    assert ptx.count("wgmma.wait_group.sync.aligned 0") == boxes
+    # the codes never go through per-thread loads; the activations' scale bytes are read once per program,
+    # before the loop (staged decoded in shared memory); in the loop the weight's come as one 32-bit word per
+    # row and 128-wide block
+    assert not re.search(r"ld\.global(\.\w+)*\.(v2|v4)", ptx)
+    loop = ptx[ptx.index("wgmma.mma_async"):]
+    assert re.search(r"ld\.global(\.\w+)*\.b8", ptx) and not re.search(r"ld\.global(\.\w+)*\.(u8|b8)", loop)
+    assert re.search(r"ld\.global(\.\w+)*\.b32", loop) and "ld.shared" in loop
+
+
+def test_mx_matmul_lowers_to_this_one_kernel():
+    n, k = 7168, 4096
+    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((n, k)), "mxfp8", side="b"))
+    x = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((16, k)), "mxfp8", side="a"))
+    lowered = jax.jit(lambda x, w: jb.matmul(x, w, target="sm_90")).trace(x, w).lower(
+        lowering_platforms=("cuda",))
+    kernels = jt.lowered_kernels(lowered)
+    assert len(kernels) == 1 and b"decode_fp8_kernel" in kernels[0]
+    assert lowered.as_text().count("stablehlo.custom_call") == 1
+
+
+@pytest.mark.parametrize("rows", [2, 8, 9, 16, 17, 32, 33, 64])
+def test_mx_dispatch_stops_where_the_staged_scales_would_not_fit(rows):
+    # the largest K dispatch sends at these rows compiles a default config that fits shared memory; twice it
+    # does not go there
+    padded = max(8, 1 << (rows - 1).bit_length())
+    k = backends.MX8_STAGED_SCALES // padded * 32
+    assert backends.choose("sm_90", "e4m3", "e4m3", rows=rows, n=7168, k=k).kernel == "decode_fp8"
+    p = GemmProblem(1, False, rows, 7168, k, "e4m3", "e4m3", "bf16")
+    df.check_config(p, df.default_config(p))
+    assert backends.choose("sm_90", "e4m3", "e4m3", rows=rows, n=7168, k=2 * k).kernel != "decode_fp8"
+    assert backends.choose("sm_90", "e4m3", "e4m3", rows=rows, n=7168).kernel != "decode_fp8"  # K unknown
