@@ -11,6 +11,7 @@
     python -m benchmarks.decode --wgmma-knobs --shapes 7168x4096 --pairs bf16:mxfp4 --rows 16   # its launch knobs
     python -m benchmarks.decode --fp8         # block FP8 weights: decode_fp8 vs block_fp8 and cuBLAS blockwise
     python -m benchmarks.decode --fp8-knobs --shapes 7168x4096   # and decode_fp8's neighbouring configs
+    python -m benchmarks.decode --fp8 --pairs mxfp8:mxfp8 --rows 1,8,16,32,64   # 8-bit MX: vs XLA bf16
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -224,7 +225,8 @@ GEMV_SPACE = dict(block_n=(16, 8, 32, 64), split_k=(None, 1, 2, 4, 8), row_bytes
                   f16_decode=(False, True), atomic_split_k=(False, True))
 MMA_SPACE = dict(block_n=(64, 32, 16, 128), split_k=(None, 1, 2, 4, 8), row_bytes=(128, 256, 64),
                  num_warps=(4, 8, 2), num_stages=(4, 3, 2, 5), atomic_split_k=(False, True), asm_decode=(True, False))
-_KIND = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "fp8_block": "block_fp8", "bf16": "bf16"}
+_KIND = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "mxfp8_e5m2": "e5m2", "fp8_block": "block_fp8",
+         "bf16": "bf16"}
 # (activation, weight) formats and the issue's target per M: ("read", fraction of the read ceiling) or
 # ("xla", speedup over XLA bf16) or ("cublas", speedup over the older kernels / cuBLAS blockwise ~15 us)
 VARIANT_FORMATS = (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8"), ("fp8_block", "fp8_block"))
@@ -643,6 +645,9 @@ def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
 
 
 FP8_ROWS = (1, 16, 64)
+# Activation and weight formats --fp8 takes: block FP8 (baseline cuBLAS blockwise) and 8-bit MX on both sides
+# (baseline XLA's bf16 dot).
+FP8_PAIRS = (("fp8_block", "fp8_block"), ("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8"), ("mxfp8", "mxfp8_e5m2"))
 
 
 def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
@@ -655,7 +660,8 @@ def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
     if knobs:
         cands = [base.replace(block_k=bk, num_stages=st, num_sms=264)
                  for bk, st in ((128, 6), (256, 3), (256, 4), (512, 2), (512, 3))]
-        cands += [base.replace(split_k=2), base.replace(num_sms=base.num_sms // 2)]
+        cands += [base.replace(split_k=2), base.replace(split_k=4), base.replace(block_k=256, num_stages=3, split_k=4),
+                  base.replace(num_sms=base.num_sms // 2), base.replace(block_m=8)]
         for cfg in cands:
             try:
                 decode_fp8.check_config(p, cfg)
@@ -671,12 +677,34 @@ def _fp8_desc(cfg) -> str:
             + (" atomic" if cfg.atomic_split_k else ""))
 
 
-def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2):
-    """Block FP8 weights (with 1 x 128 fp8 activations): the Gluon fp8 decode kernel (`_triton/decode_fp8.py`)
-    against the swapped Triton block_fp8 kernel (the previous sm_90 path), cuBLAS blockwise (torch
-    `F.scaled_mm`) and a same-size read, per shape and row count. Every config is checked against the
-    reference (fp32 output) first; our kernels are profiled in `rounds` interleaved rounds (median kernel
-    time, CUPTI), the wall clock per call beside it. `knobs`: decode_fp8's neighbouring configs too."""
+def previous_path(p, target: str = "sm_90") -> tuple[str, "TileConfig"]:
+    """(kernel, config) that dispatch chose for `p` before decode_fp8 took its pair: the first other entry of
+    the sm_90 table that holds it, with the config a launch would select (device table or heuristic)."""
+    import importlib
+
+    from jax_blockscale import backends
+    from jax_blockscale._triton import configs
+
+    rows = p.batch * p.m
+    for entry in backends.KERNEL_TABLE[target]:
+        if entry.module == "decode_fp8" or (p.a_kind, p.b_kind) not in entry.pairs:
+            continue
+        if backends._size_allows(entry, rows, p.n, p.k):
+            mod = importlib.import_module(f"jax_blockscale._triton.{entry.module}")
+            cfg = configs.select(entry.module, mod, p, target, jax.devices()[0].device_kind)
+            return entry.module, cfg.replace(kernel=entry.module)
+    raise ValueError(f"no other sm_90 kernel for {p.a_kind} x {p.b_kind} at {rows} rows")
+
+
+def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2, pairs=FP8_PAIRS[:1]):
+    """8-bit weights whose codes an fp8 wgmma multiplies as they are: block FP8 x block FP8 (1 x 128 fp8
+    activations) and 8-bit MX on both sides. The Gluon fp8 decode kernel (`_triton/decode_fp8.py`) against
+    the kernel dispatch took before it (block FP8: the swapped Triton block_fp8 kernel; MX: decode.py or
+    upcast), the baseline (block FP8: cuBLAS blockwise, torch `F.scaled_mm`; MX: XLA's bf16 dot on bf16
+    weights of the same shape) and a same-size read of the weight's value and scale bytes, per shape and row
+    count. Every config is checked against the reference (fp32 output) first; the kernels are profiled in
+    `rounds` interleaved rounds (median kernel time, CUPTI), the wall clock per call beside it. `knobs`:
+    decode_fp8's neighbouring configs too."""
     import statistics
 
     from jax_blockscale._triton import block_fp8
@@ -684,45 +712,62 @@ def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2
 
     print(f"device: {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'}), median of "
           f"{rounds} interleaved rounds\n")
-    print("| N | K | M | kernel | us | rounds | wall us | GB/s | % same-size read | vs cuBLAS blockwise | dispatch | "
-          "rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| x | w | N | K | M | kernel | us | rounds | wall us | GB/s | % same-size read | vs baseline | "
+          "vs previous | dispatch | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, k in shapes:
-        ws, nb, read_us = _weights_and_read(torch, "fp8_block", n, k)
-        print(f"| {n} | {k} | - | same-size read ({nb / 1e6:.1f} MB) | {read_us:.2f} | | | {nb / read_us / 1e3:.0f} | "
-              f"100% | | | |", flush=True)
-        for m in rows:
-            xa = _activation("fp8_block", m, k)
-            p = GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
-            cublas = _cublas_blockwise_us(torch, xa, ws) if torch is not None else None
-            print(f"| {n} | {k} | {m} | cuBLAS blockwise | {cublas or float('nan'):.2f} | | | "
-                  f"{nb / cublas / 1e3 if cublas else float('nan'):.0f} | "
-                  f"{100 * read_us / cublas if cublas else float('nan'):.0f}% | 1.00x | | |", flush=True)
-            picked = jb.explain(xa, ws[0]).kernel
-            old = block_fp8.default_config(p, "sm_90").replace(kernel="block_fp8")
-            configs = [(f"block_fp8 swapped sp{old.split_k}", old)] + fp8_knob_configs(p, knobs)
-            timed = []
-            for label, cfg in configs:
-                try:
-                    err = _checked(xa, ws[0], cfg)
-                except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
-                    print(f"| {n} | {k} | {m} | {label} | {type(e).__name__}: {str(e)[:100]} |", flush=True)
-                    continue
-                if not err < 2e-3:  # fp8 wgmma accumulates with truncation (block_fp8.py): ~1e-4
-                    print(f"| {n} | {k} | {m} | {label} | WRONG | | | | | | | {err:.1e} |", flush=True)
-                    continue
-                timed.append((label, cfg, jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), err))
-            us = {label: [] for label, *_ in timed}
-            for _ in range(rounds):
-                for label, _, fn, _ in timed:
-                    us[label].append(kernel_us(fn, [(xa, w) for w in ws], torch))
-            for label, cfg, fn, err in timed:
-                t = statistics.median(us[label])
-                mark = "yes" if cfg.kernel == picked and label.startswith(f"{picked} default") else ""
-                print(f"| {n} | {k} | {m} | {label} | {t:.2f} | {' / '.join(f'{v:.2f}' for v in us[label])} | "
-                      f"{wall_us(fn, [(xa, w) for w in ws]):.2f} | {nb / t / 1e3:.0f} | {100 * read_us / t:.0f}% | "
-                      f"{cublas / t if cublas else float('nan'):.2f}x | {mark} | {err:.1e} |", flush=True)
-        del ws
+        bf16_ws = None
+        for fa, fb in pairs:
+            block = fb == "fp8_block"
+            ws, nb, read_us = _weights_and_read(torch, fb, n, k)
+            head = f"| {fa} | {fb} | {n} | {k}"
+            print(f"{head} | - | same-size read ({nb / 1e6:.1f} MB) | {read_us:.2f} | | | {nb / read_us / 1e3:.0f} | "
+                  f"100% | | | | |", flush=True)
+            for m in rows:
+                xa = _activation(fa, m, k)
+                p = GemmProblem(1, False, m, n, k, _KIND[fa], _KIND[fb], "bf16")
+                if block:
+                    base_label = "cuBLAS blockwise"
+                    base = _cublas_blockwise_us(torch, xa, ws) if torch is not None else None
+                    old = block_fp8.default_config(p, "sm_90").replace(kernel="block_fp8")
+                    prev = [(f"block_fp8 swapped sp{old.split_k}", old)]
+                else:
+                    base_label = "XLA bf16"
+                    if bf16_ws is None:
+                        bf16_ws = _weights("bf16", n, k, 0)
+                    xb = _activation("bf16", m, k)
+                    base = kernel_us(_XLA_BF16, [(xb, w) for w in bf16_ws], torch)
+                    kern, cfg = previous_path(p)
+                    prev = [(f"{kern} (previous dispatch)", cfg)]
+                print(f"{head} | {m} | {base_label} | {base or float('nan'):.2f} | | | | "
+                      f"{100 * read_us / base if base else float('nan'):.0f}% | 1.00x | | | |", flush=True)
+                picked = jb.explain(xa, ws[0]).kernel
+                configs = prev + fp8_knob_configs(p, knobs)
+                timed = []
+                for label, cfg in configs:
+                    try:
+                        err = _checked(xa, ws[0], cfg)
+                    except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
+                        print(f"{head} | {m} | {label} | {type(e).__name__}: {str(e)[:100]} |", flush=True)
+                        continue
+                    if not err < 2e-3:  # fp8 wgmma accumulates with truncation (block_fp8.py): ~1e-4
+                        print(f"{head} | {m} | {label} | WRONG | | | | | | | | | {err:.1e} |", flush=True)
+                        continue
+                    timed.append((label, cfg, jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), err))
+                us = {label: [] for label, *_ in timed}
+                for _ in range(rounds):
+                    for label, _, fn, _ in timed:
+                        us[label].append(kernel_us(fn, [(xa, w) for w in ws], torch))
+                t_prev = statistics.median(us[timed[0][0]]) if timed and timed[0][0] == prev[0][0] else None
+                for label, cfg, fn, err in timed:
+                    t = statistics.median(us[label])
+                    mark = "yes" if cfg.kernel == picked and label.startswith(f"{picked} default") else ""
+                    print(f"{head} | {m} | {label} | {t:.2f} | {' / '.join(f'{v:.2f}' for v in us[label])} | "
+                          f"{wall_us(fn, [(xa, w) for w in ws]):.2f} | {nb / t / 1e3:.0f} | {100 * read_us / t:.0f}% | "
+                          f"{base / t if base else float('nan'):.2f}x | "
+                          f"{t_prev / t if t_prev else float('nan'):.2f}x | {mark} | {err:.1e} |", flush=True)
+            del ws
+        del bf16_ws
 
 
 def main(argv=None):
@@ -739,8 +784,8 @@ def main(argv=None):
                     help="block FP8 weights: decode_fp8 vs the swapped block_fp8 kernel and cuBLAS blockwise")
     ap.add_argument("--fp8-knobs", action="store_true", help="--fp8 with decode_fp8's neighbouring configs")
     ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs, --fp8: interleaved rounds per config")
-    ap.add_argument("--pairs", default=None, help="--wgmma(-knobs): x:w format pairs, e.g. bf16:mxfp8,mxfp8:mxfp4 "
-                    "(default bf16:mxfp4,bf16:nvfp4)")
+    ap.add_argument("--pairs", default=None, help="--wgmma(-knobs), --fp8: x:w format pairs, e.g. "
+                    "bf16:mxfp8,mxfp8:mxfp4 (default bf16:mxfp4,bf16:nvfp4; --fp8: fp8_block:fp8_block)")
     ap.add_argument("--rows", default=None, help="--wgmma: activation rows, e.g. 2,16,32 (default 1,2,4,8,16; "
                     "--wgmma-knobs: 16)")
     ap.add_argument("--shapes", default=None, help="NxK,NxK,... (--wgmma(-knobs); default: every issue shape)")
@@ -751,8 +796,9 @@ def main(argv=None):
     torch = _torch()
     if args.fp8 or args.fp8_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
+        pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else FP8_PAIRS[:1]
         fp8_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else FP8_ROWS,
-                  knobs=args.fp8_knobs, rounds=args.rounds)
+                  knobs=args.fp8_knobs, rounds=args.rounds, pairs=pairs)
     elif args.wgmma or args.wgmma_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else WGMMA_PAIRS
