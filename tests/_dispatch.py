@@ -26,9 +26,9 @@ DECODE_WGMMA_ROWS = {("bf16", "mxfp4"): (2, 32), **{(fa, "mxfp4"): (2, 32) for f
 
 def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:
     """The decode kernel sm_90 dispatch picks for activations `fa` x weights `fb` at `rows` rows (<= 64,
-    the opt-in decode entry enabled): decode_fp8 for block FP8 x block FP8 and for 8-bit MX on both sides,
-    decode_wgmma where DECODE_WGMMA_ROWS says, else decode."""
-    if (fa, fb) == ("fp8_block", "fp8_block") or {fa, fb} <= {"mxfp8", "mxfp8_e5m2"}:
+    the opt-in decode entry enabled): decode_fp8 for block FP8 x block FP8 and for 8-bit MX on both sides from
+    2 rows (one row keeps decode.py's GEMV), decode_wgmma where DECODE_WGMMA_ROWS says, else decode."""
+    if (fa, fb) == ("fp8_block", "fp8_block") or ({fa, fb} <= {"mxfp8", "mxfp8_e5m2"} and rows >= 2):
         return "decode_fp8"
     lo, hi = DECODE_WGMMA_ROWS.get((fa, fb), (1, 0))
     return "decode_wgmma" if lo <= rows <= hi else "decode"

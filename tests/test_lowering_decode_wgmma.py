@@ -50,7 +50,8 @@ def test_dispatch(target, fb, rows, want):
     ("e4m3", "e2m1", 33, "upcast"), ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"),
     ("e4m3", "e2m1", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 16, "decode_wgmma"),
     ("nvfp4", "nvfp4", 32, "decode_wgmma"), ("nvfp4", "nvfp4", 33, "upcast"),
-    ("e4m3", "e4m3", 16, "decode"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in
+    ("e4m3", "e4m3", 16, "decode_fp8"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in here
+    ("e4m3", "e4m3", 1, "decode"),    # (8-bit MX on both sides takes decode_fp8 from 2 rows)
 ])
 def test_dispatch_quantized_activations(fa, fb, rows, want):
     assert backends.choose("sm_90", fa, fb, rows=rows, n=7168, k=4096).kernel == want
