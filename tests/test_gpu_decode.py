@@ -21,6 +21,7 @@ from jax_blockscale._triton.problem import GemmProblem, TileConfig
 
 from _dispatch import enable_entry, sm90_decode_kernel
 from _exhaustive import grid
+from _matmul_checks import KINDS, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,8 +40,6 @@ WEIGHTS = {
     "mxfp8": "mxfp8", "mxfp8_e5m2": "mxfp4", "fp8_block": "fp8_block",
 }
 PAIRS = [(fa, fb) for fb, fq in WEIGHTS.items() for fa in ("bf16", fq)]
-KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp6_e2m3": "e2m3", "mxfp6_e3m2": "e3m2", "mxfp8": "e4m3",
-         "mxfp8_e5m2": "e5m2", "fp8_block": "block_fp8"}
 FP4 = ("mxfp4", "nvfp4")
 N, K = 1000, 1000  # no whole number of weight tiles; K pads to 1024 (1000 is no multiple of 128 or 32)
 
@@ -53,11 +52,6 @@ def _dispatched(fa, fb, rows):
 
 def _x(rng, *shape):
     return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
-
-
-def _rel_err(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
 def _tolerance(out_dtype):
@@ -76,7 +70,7 @@ def _check(a, b, out_dtype=jnp.bfloat16, config=None):
     ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
     assert out.shape == ref.shape and out.dtype == out_dtype
     assert np.isfinite(np.asarray(out, np.float32)).all()
-    err = _rel_err(out, ref)
+    err = rel_err(out, ref)
     # decode_fp8 (dispatched for block FP8 x block FP8 on sm_90) multiplies the codes on the fp8 wgmma, whose
     # accumulation truncates (block_fp8.py): its own tolerance, as in tests/test_gpu_decode_fp8.py.
     fp8_wgmma = config is None and jb.explain(a, b).kernel == "decode_fp8"
@@ -144,8 +138,7 @@ def test_default_mode_is_bitwise_deterministic(fa, fb):
     from jax_blockscale._triton import decode
 
     m, n, k = 16, 1024, 8192
-    config = decode.default_config(GemmProblem(1, False, m, n, k, KINDS[fa] if fa != "bf16" else "bf16",
-                                               KINDS[fb], "bf16"))
+    config = decode.default_config(GemmProblem(1, False, m, n, k, KINDS[fa], KINDS[fb], "bf16"))
     if config.split_k == 1:
         config = config.replace(split_k=2)
     config = config.replace(kernel="decode", atomic_split_k=False)

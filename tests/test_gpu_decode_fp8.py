@@ -22,6 +22,7 @@ import jax_blockscale as jb
 from jax_blockscale import backends
 from jax_blockscale._triton import decode_fp8
 from jax_blockscale._triton.problem import GemmProblem, TileConfig
+from _matmul_checks import KINDS, rel_err, run_matmul
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,21 +47,9 @@ def _operands(m, n, k, seed=0, batch=(), formats=("fp8_block", "fp8_block")):
     return jb.quantize_operand(a, formats[0], side="a"), jb.quantize_operand(w, formats[1], side="b")
 
 
-_KINDS = {"fp8_block": "block_fp8", "mxfp8": "e4m3", "mxfp8_e5m2": "e5m2"}
-
-
 def _config(m, n, k, formats=("fp8_block", "fp8_block"), **changes) -> TileConfig:
-    p = GemmProblem(1, False, m, n, k + (-k % 256), _KINDS[formats[0]], _KINDS[formats[1]], "bf16")
+    p = GemmProblem(1, False, m, n, k + (-k % 256), KINDS[formats[0]], KINDS[formats[1]], "bf16")
     return decode_fp8.default_config(p).replace(**changes)
-
-
-def _rel_err(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
-def _run(a, b, config=None, out_dtype=jnp.float32):
-    return jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype, config=config))(a, b)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 7168, 4096), (16, 7168, 2048), (17, 2112, 7168), (64, 4096, 1024),
@@ -68,7 +57,7 @@ def _run(a, b, config=None, out_dtype=jnp.float32):
 def test_as_dispatched(m, n, k):
     a, b = _operands(m, n, k)
     assert jb.explain(a, b).kernel == "decode_fp8"
-    err = _rel_err(_run(a, b), jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    err = rel_err(run_matmul(a, b), jb.reference.matmul(a, b, out_dtype=jnp.float32))
     assert err < TOL, (m, n, k, err)
 
 
@@ -84,17 +73,25 @@ def test_every_knob(changes):
     m, n, k = 9, 448, 2048
     a, b = _operands(m, n, k, seed=1)
     cfg = _config(m, n, k, **changes)
-    err = _rel_err(_run(a, b, cfg), jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    err = rel_err(run_matmul(a, b, cfg), jb.reference.matmul(a, b, out_dtype=jnp.float32))
     assert err < TOL, (changes, err)
+
+
+def test_eight_row_tiles():
+    # wgmma's n8, which MX takes by default up to 8 rows; block FP8 reaches it only by config
+    m, n, k = 5, 448, 2048
+    a, b = _operands(m, n, k, seed=8)
+    err = rel_err(run_matmul(a, b, _config(m, n, k, block_m=8)), jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    assert err < TOL, err
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_output_dtypes_and_batched_activations(out_dtype):
     a, b = _operands(6, 320, 1024, seed=2, batch=(2, 3))  # 2 x 3 x 6 = 36 rows fold into the kernel's N side
     assert jb.explain(a, b).kernel == "decode_fp8"
-    out = _run(a, b, out_dtype=out_dtype)
+    out = run_matmul(a, b, out_dtype=out_dtype)
     assert out.shape == (2, 3, 6, 320) and out.dtype == out_dtype
-    err = _rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    err = rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32))
     assert err < max(TOL, 1e-2 if out_dtype != jnp.float32 else 0), err
 
 
@@ -102,19 +99,19 @@ def test_deterministic_by_default():
     a, b = _operands(16, 7168, 4096, seed=3)
     cfg = _config(16, 7168, 4096, block_k=256, split_k=4)
     assert not cfg.atomic_split_k
-    first = np.asarray(_run(a, b, cfg))
+    first = np.asarray(run_matmul(a, b, cfg))
     for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(_run(a, b, cfg)), first)
+        np.testing.assert_array_equal(np.asarray(run_matmul(a, b, cfg)), first)
 
 
 def test_matches_the_swapped_block_fp8_kernel():
     # The same products, summed per 128-wide block by the same fp8 wgmma, promoted in the same order within a
     # split: the two kernels agree far below the reference tolerance.
     a, b = _operands(16, 1024, 2048, seed=4)
-    ours = _run(a, b, _config(16, 1024, 2048, split_k=1))
-    old = _run(a, b, TileConfig(block_m=64, block_n=16, block_k=128, group_m=1, num_stages=4, swap_ab=True,
+    ours = run_matmul(a, b, _config(16, 1024, 2048, split_k=1))
+    old = run_matmul(a, b, TileConfig(block_m=64, block_n=16, block_k=128, group_m=1, num_stages=4, swap_ab=True,
                                 kernel="block_fp8"))
-    assert _rel_err(ours, old) < 1e-5
+    assert rel_err(ours, old) < 1e-5
 
 
 # 8-bit MX: one k32 wgmma per group, so only its products' accumulation inside a group (32 terms) is the
@@ -130,7 +127,7 @@ MX_PAIRS = [("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8"), ("mxfp8", "mxfp8_e5m2")
 def test_mx_as_dispatched(formats, m, n, k):
     a, b = _operands(m, n, k, seed=5, formats=formats)
     assert jb.explain(a, b).kernel == "decode_fp8"
-    err = _rel_err(_run(a, b), jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    err = rel_err(run_matmul(a, b), jb.reference.matmul(a, b, out_dtype=jnp.float32))
     assert err < MX_TOL, (formats, m, n, k, err)
 
 
@@ -142,7 +139,7 @@ def test_mx_as_dispatched(formats, m, n, k):
 def test_mx_knobs(changes):
     m, n, k, formats = 7, 320, 2048, ("mxfp8", "mxfp8")
     a, b = _operands(m, n, k, seed=6, formats=formats)
-    err = _rel_err(_run(a, b, _config(m, n, k, formats, **changes)), jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    err = rel_err(run_matmul(a, b, _config(m, n, k, formats, **changes)), jb.reference.matmul(a, b, out_dtype=jnp.float32))
     assert err < MX_TOL, (changes, err)
 
 
@@ -153,9 +150,9 @@ def test_mx_nan_scales_poison_what_the_reference_poisons():
     b = dataclasses.replace(b, scales=b.scales.at[130, 9].set(0xFF))
     a = dataclasses.replace(a, scales=a.scales.at[4, 30].set(0xFF))
     assert jb.explain(a, b).kernel == "decode_fp8"
-    out = np.asarray(_run(a, b))
+    out = np.asarray(run_matmul(a, b))
     ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     assert np.isnan(ref).sum() == m + n - 1
     ok = ~np.isnan(ref)
-    assert _rel_err(out[ok], ref[ok]) < MX_TOL
+    assert rel_err(out[ok], ref[ok]) < MX_TOL

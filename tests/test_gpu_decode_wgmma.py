@@ -21,13 +21,13 @@ import jax_blockscale as jb
 from jax_blockscale import backends
 from jax_blockscale._triton import decode_wgmma
 from jax_blockscale._triton.problem import GemmProblem
+from _matmul_checks import KINDS, rel_err, run_matmul
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
 ]
 
-KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4", "mxfp8": "e4m3", "mxfp8_e5m2": "e5m2", "bf16": "bf16"}
 
 
 @pytest.fixture(autouse=True)
@@ -50,21 +50,12 @@ def _config(fb, m, n, k, fa="bf16", **changes):
     return decode_wgmma.default_config(p).replace(**changes)
 
 
-def _rel_err(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
-def _run(a, b, config=None, out_dtype=jnp.float32):
-    return jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype, config=config))(a, b)
-
-
 def _check(a, b, config=None, out_dtype=jnp.float32):
-    out = _run(a, b, config, out_dtype)
+    out = run_matmul(a, b, config, out_dtype)
     ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
     assert out.shape == ref.shape and out.dtype == out_dtype
     tol = 1e-5 if out_dtype == jnp.float32 else 2 * float(jnp.finfo(out_dtype).eps) + 1e-5
-    err = _rel_err(out, ref)
+    err = rel_err(out, ref)
     assert err < tol, (err, config)
     return out
 
@@ -135,9 +126,9 @@ def test_deterministic_by_default():
     a, b = _operands("mxfp4", 16, 7168, 4096, seed=3)
     cfg = _config("mxfp4", 16, 7168, 4096)
     assert cfg.split_k > 1 and not cfg.atomic_split_k
-    first = np.asarray(_run(a, b, cfg))
+    first = np.asarray(run_matmul(a, b, cfg))
     for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(_run(a, b, cfg)), first)
+        np.testing.assert_array_equal(np.asarray(run_matmul(a, b, cfg)), first)
 
 
 def test_special_values_match_the_reference():
@@ -153,7 +144,7 @@ def test_special_values_match_the_reference():
     a = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32)).astype(jnp.bfloat16)
     for fb in ("mxfp4", "nvfp4", "mxfp8"):
         b = jb.quantize_operand(jnp.asarray(w), fb, side="b")
-        out = np.asarray(_run(a, b, _config(fb, m, n, k)))
+        out = np.asarray(run_matmul(a, b, _config(fb, m, n, k)))
         ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
         np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
         fin = np.isfinite(ref)

@@ -17,6 +17,7 @@ import pytest
 from _dispatch import enable_entry
 import jax_blockscale as jb
 from jax_blockscale._triton.problem import TileConfig
+from _matmul_checks import rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -43,11 +44,6 @@ def _operands(m, n, k, fa, fb, batch=()):
     return a, jb.quantize_operand(b, fb, side="b")
 
 
-def _rel_err(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
 def _tolerance(out_dtype):
     return 2 * float(jnp.finfo(out_dtype).eps) + 1e-5 if out_dtype != jnp.float32 else 1e-5
 
@@ -68,7 +64,7 @@ def test_matches_reference(fa, fb, m, n, k, monkeypatch):
     for out_dtype in (jnp.bfloat16, jnp.float32):
         out = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype))(a, b)
         assert out.shape == (m, n) and out.dtype == out_dtype
-        assert _rel_err(out, ref) < _tolerance(out_dtype), (fa, fb, out_dtype, _rel_err(out, ref))
+        assert rel_err(out, ref) < _tolerance(out_dtype), (fa, fb, out_dtype, rel_err(out, ref))
 
 
 # The variants the benchmark sweeps: fp8 promotion per MX block, other tiles, the non-PTX fp4 decode.
@@ -91,7 +87,7 @@ def test_variants_match_reference(fa, fb, config, m, n, k):
     # Hopper's fp8 wgmma keeps fewer accumulator bits than fp32 within each 32-K step (DeepSeek-V3 §3.3.2;
     # measured 4.1e-5 to 4.6e-5 on an H100): the block FP8 kernels' tolerance. The bf16 decode is exact.
     tol = 5e-4 if config.fp8_mma else 1e-5
-    assert _rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32)) < tol
+    assert rel_err(out, jb.reference.matmul(a, b, out_dtype=jnp.float32)) < tol
 
 
 def test_nan_scale_and_batched_weight():
@@ -102,4 +98,4 @@ def test_nan_scale_and_batched_weight():
     ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
     assert np.array_equal(np.isnan(np.asarray(out, np.float32)), np.isnan(np.asarray(ref)))
     finite = ~np.isnan(np.asarray(ref))
-    assert _rel_err(np.where(finite, out, 0), np.where(finite, ref, 0)) < _tolerance(jnp.bfloat16)
+    assert rel_err(np.where(finite, out, 0), np.where(finite, ref, 0)) < _tolerance(jnp.bfloat16)

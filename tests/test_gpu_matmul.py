@@ -14,6 +14,7 @@ import pytest
 import jax_blockscale as jb
 
 from _exhaustive import grid
+from _matmul_checks import rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,11 +39,6 @@ def _tolerance(out_dtype, fa):
     return 2 * eps + accumulation if out_dtype != jnp.float32 else accumulation
 
 
-def _rel_err(out, ref):
-    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
-
-
 PAIRS = [
     ("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8_e5m2"), ("mxfp6_e2m3", "mxfp6_e2m3"),
     ("mxfp6_e3m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
@@ -64,7 +60,7 @@ def test_matmul_matches_reference(fa, fb, m, n, k):
         out = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=out_dtype))(a, b)
         ref = jb.reference.matmul(a, b, out_dtype=jnp.float32)
         assert out.shape == (m, n) and out.dtype == out_dtype
-        err = _rel_err(out, ref)
+        err = rel_err(out, ref)
         assert err < _tolerance(out_dtype, fa), (fa, fb, out_dtype, err, jb.explain(a, b))
 
 
@@ -74,7 +70,7 @@ def test_fp16_output_and_batch_dims(fa, fb):
     a, b = _q(_x(2, 3, 65, 256), fa, "a"), _q(_x(136, 256) / 16, fb, "b")
     out = jax.jit(lambda a, b: jb.matmul(a, b, out_dtype=jnp.float16))(a, b)
     assert out.shape == (2, 3, 65, 136)
-    assert _rel_err(out, jb.reference.matmul(a, b)) < _tolerance(jnp.float16, fa)
+    assert rel_err(out, jb.reference.matmul(a, b)) < _tolerance(jnp.float16, fa)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4", "fp8_block"])
@@ -91,7 +87,7 @@ def test_vmap_matches_python_loop(fmt):
         "both": (jax.jit(jax.vmap(mm))(qa, qws), [mm(pick(qa, i), pick(qws, i)) for i in range(3)]),
     }
     for name, (batched, looped) in cases.items():
-        err = _rel_err(batched, jnp.stack(looped))
+        err = rel_err(batched, jnp.stack(looped))
         assert err < 1e-6, (name, err)
 
 
@@ -113,8 +109,8 @@ def test_grad_on_gpu_matches_reference_grad():
     gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
     xq, wq = jb.dequantize(jb.quantize(x, "mxfp8")), jb.dequantize(jb.quantize(w, "mxfp8"))
     g = 2 * jnp.matmul(xq, wq.T, precision="highest")
-    assert _rel_err(gx, jnp.matmul(g, wq, precision="highest")) < 1e-4
-    assert _rel_err(gw, jnp.matmul(g.T, xq, precision="highest")) < 1e-4
+    assert rel_err(gx, jnp.matmul(g, wq, precision="highest")) < 1e-4
+    assert rel_err(gw, jnp.matmul(g.T, xq, precision="highest")) < 1e-4
 
 
 def test_explain_reports_a_kernel_for_this_gpu():

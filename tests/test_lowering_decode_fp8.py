@@ -89,7 +89,7 @@ def test_check_config_refuses_other_problems():
 def test_compiled_kernel_streams_by_tma_into_fp8_wgmma(bm, boxes, split):
     c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=SIGNATURE, num_warps=4, num_stages=2,
                        constexprs=dict(M=bm - 3, N=7168, K=4096, BM=bm, BOXES=boxes, SPLIT_K=split, STAGES=2,
-                                       PROGRAMS=264, ATOMIC=False, GROUP=128))
+                                       PROGRAMS=264, ATOMIC=False))
     ptx = c.asm["ptx"]
     # the codes multiply as they are: fp8 wgmma with both operands from shared memory (descriptors)
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)) == {
@@ -149,7 +149,7 @@ def test_compiled_mx_kernel_runs_one_wgmma_per_group(w, x, bm, boxes, split):
     sig = dict(SIGNATURE, w_ptr="*" + w, x_ptr="*" + x, w_scale_ptr="*u8", x_scale_ptr="*u8")
     c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=sig, num_warps=4, num_stages=2,
                        constexprs=dict(M=bm - 3, N=7168, K=4096, BM=bm, BOXES=boxes, SPLIT_K=split, STAGES=2,
-                                       PROGRAMS=264, ATOMIC=False, GROUP=32))
+                                       PROGRAMS=264, ATOMIC=False))
     ptx = c.asm["ptx"]
     name = {"fp8e4nv": "e4m3", "fp8e5": "e5m2"}
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)

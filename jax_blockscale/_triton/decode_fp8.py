@@ -155,11 +155,10 @@ def _mx_box(acc, w_box, x_box, w_word, xs_smem, g, zeros, X_SCALES: gl.constexpr
 @gluon.jit
 def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
                       M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr, BOXES: gl.constexpr,
-                      SPLIT_K: gl.constexpr, STAGES: gl.constexpr, PROGRAMS: gl.constexpr, ATOMIC: gl.constexpr,
-                      GROUP: gl.constexpr):
-    """Block FP8 (GROUP 128): out (M, N) = a_ts * b_ts * sum over 128-wide K blocks kb of (x_kb @ w_kb.T) *
+                      SPLIT_K: gl.constexpr, STAGES: gl.constexpr, PROGRAMS: gl.constexpr, ATOMIC: gl.constexpr):
+    """Block FP8 (fp32 scales): out (M, N) = a_ts * b_ts * sum over 128-wide K blocks kb of (x_kb @ w_kb.T) *
     x_scale[m, kb] * w_scale[n / 128, kb]; w (N, K), x (M, K) e4m3, w_scale (cdiv(N, 128), K / 128) and
-    x_scale (M, K / 128) fp32. MX (GROUP 32): the same sum over 32-wide K groups g with the e8m0 scales
+    x_scale (M, K / 128) fp32. MX (uint8 scales): the same sum over 32-wide K groups g with the e8m0 scales
     w_scale[n, g] and x_scale[m, g] (uint8, (N, K / 32) and (M, K / 32)); w and x e4m3 or e5m2, M <= BM.
 
     ws: (SPLIT_K, M, N) fp32 partials or a zeroed (M, N) accumulator (ATOMIC); count: zeroed int32 per N tile
@@ -168,8 +167,8 @@ def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr
     running across them (the next item's blocks load while this item finishes). A ring slot holds BOXES
     consecutive 128-wide K blocks, loaded together. K a multiple of 128 * BOXES * SPLIT_K."""
     R: gl.constexpr = 64
-    MX: gl.constexpr = GROUP == 32
-    SCALE_K: gl.constexpr = K // GROUP
+    MX: gl.constexpr = w_scale_ptr.dtype.element_ty == gl.uint8  # e8m0 codes per 32; block FP8's are fp32
+    SCALE_K: gl.constexpr = K // 32 if MX else K // 128  # scale groups along K
     NKB: gl.constexpr = K // 128 // SPLIT_K  # 128-wide K blocks per item
     NSTEP: gl.constexpr = NKB // BOXES      # ring steps per item
     N_TILES: gl.constexpr = (N + R - 1) // R
@@ -343,6 +342,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         zeroed_outputs=zeroed, grid=(programs,), num_warps=4, num_stages=config.num_stages,
         compute_capability=compute_capability, name="decode_fp8", M=rows, N=p.n, K=p.k, BM=config.block_m,
         BOXES=config.block_k // SCALE_GROUP, SPLIT_K=config.split_k, STAGES=config.num_stages, PROGRAMS=programs,
-        ATOMIC=bool(config.atomic_split_k), GROUP=group,
+        ATOMIC=bool(config.atomic_split_k),
     )
     return out.reshape(p.batch, p.m, p.n)
