@@ -9,13 +9,16 @@
     python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --default-plan --gluon   # + Gluon
     python -m benchmarks.quant_variants --cases fp8_1x128+T,fp8_1x128+128T --gluon-variants --modes none
     python -m benchmarks.quant_variants --cases mxfp8+T,nvfp4,nvfp4+T --default-plan --gluon   # MX Gluon
+    python -m benchmarks.quant_variants --cases mxfp8+T,nvfp4+mxfp8T --modes none --gluon --decoded
 
 A variant is (column-side mode, program tile, warps) of `_triton/quantize_kernels.plan`: the column side
 computed from `tl.trans(x)` ("trans"), down x's columns with only the codes transposed ("direct"), or as
 the row side's codes transposed ("reuse", square fp8 tiles on both sides), each side in one pass over the
 tile or in `strips` passes over strips of it (plan's strips=); with --gluon, also the Gluon kernel that
 takes the case (`_triton/quantize_fp8_gluon.py` for fp8 1x128 + transposed, `_triton/quantize_mx_gluon.py`
-for MX / nvfp4 sides; mode "gluon"), with --gluon-variants its launch variants. Every variant's outputs are first
+for MX / nvfp4 sides; mode "gluon"), with --gluon-variants its launch variants; with --decoded also the
+Gluon MX kernel writing decoded bf16 values (`quantize_primitive.decoded_pair`, the recipes' GEMM inputs on
+Hopper), its ideal bytes the bf16 values written. Every variant's outputs are first
 compared bit for bit with the jnp quantizer run on the same device (`quantize_primitive._reference`); a
 variant that differs is reported and not timed. Rate: ideal bytes (input read once + every output written)
 per second of kernel time (CUPTI, `_kernel_time`), as a fraction of the `x * 2` pass's rate (bf16 read +
@@ -116,17 +119,19 @@ def _gluon_module(row, col):
 
 
 def _launcher(shape, row, col, variant):
-    """The kernel as the primitive launches it, with this variant's plan overrides; and the plan."""
+    """The kernel as the primitive launches it, with this variant's plan overrides; and its four output
+    (shape, dtype)s."""
     if isinstance(variant, dict):  # a Gluon variant
-        p = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
+        decoded = variant.get("decoded", False)
+        shapes = qp.out_shapes((1,) + shape, (row, "rceil"), (col, "rceil"), decoded)
         run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90,
                                 kernel="gluon", **variant)
-        return jax.jit(lambda x, ts: run(x[None], ts)), p
+        return jax.jit(lambda x, ts: run(x[None], ts)), shapes
     mode, tile, warps, div, cvt, words, strips = variant
     overrides = dict(col_mode=mode, tile=tile, num_warps=warps, div=div, cvt=cvt, t_words=words, strips=strips)
     p = qk.plan(1, *shape, qk.Side(row), qk.Side(col), **overrides)
     run = functools.partial(qp._launch, row=(row, "rceil"), col=(col, "rceil"), compute_capability=90, **overrides)
-    return jax.jit(lambda x, ts: run(x[None], ts)), p
+    return jax.jit(lambda x, ts: run(x[None], ts)), p.out_shapes
 
 
 def variants(row, col, modes, tiles, warps, divs=("f64",), cvts=("hw",), words=(None,), strips=(None,)):
@@ -168,6 +173,8 @@ def main() -> None:
                     help="also time the Gluon fp8 1x128 + transposed kernel where it applies (row mode 'gluon')")
     ap.add_argument("--gluon-variants", action="store_true",
                     help="time the Gluon kernel's launch variants (GLUON_VARIANTS) where it applies")
+    ap.add_argument("--decoded", action="store_true",
+                    help="with --gluon / --gluon-variants: each MX Gluon variant also writing decoded bf16 values")
     ap.add_argument("--tiny", action="store_true", help="256 x 512, R = 2 (CPU: checks the harness only)")
     ap.add_argument("--time-budget", type=float, default=400.0, help="seconds; no new variant starts after")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -196,7 +203,8 @@ def main() -> None:
         row, col = CASES[label]
         tss = [jnp.stack([jb.nvfp4_tensor_scale(x) if isinstance(f, type(get_format("nvfp4"))) else
                           jnp.float32(1.0) for f in (row, col)]).astype(jnp.float32) for x in xs]
-        want = jax.jit(lambda x, ts: qp._reference(x[None], ts, row=(row, "rceil"), col=(col, "rceil")))(xs[0], tss[0])
+        wants = {d: jax.jit(lambda x, ts, d=d: qp._reference(x[None], ts, row=(row, "rceil"), col=(col, "rceil"),
+                                                             decoded=d))(xs[0], tss[0]) for d in (False, True)}
         if args.default_plan:
             p0 = qk.plan(1, *shape, qk.Side(row), qk.Side(col))
             tiles_c = [(p0.constexprs["BR"], p0.constexprs["BC"])]
@@ -208,7 +216,10 @@ def main() -> None:
         module = _gluon_module(row, col)
         if (args.gluon or args.gluon_variants) and module is not None:
             every = GLUON_VARIANTS if module is qg else gluon_mx_variants(row, col)
-            todo = (every if args.gluon_variants else every[:1]) + todo
+            chosen = every if args.gluon_variants else every[:1]
+            if args.decoded and module is qm:  # each Gluon MX variant writing decoded values, then codes
+                chosen = [dict(v, decoded=True) for v in chosen] + chosen
+            todo = chosen + todo
         for variant in todo:
             if time.perf_counter() - start > args.time_budget:
                 print(f"time budget reached: {label} {variant} and later skipped", flush=True)
@@ -220,11 +231,14 @@ def main() -> None:
                 head = (f"| {label} | gluon{'' if variant else ' (default)'} cols {shape_}, rows 1x"
                         f"{cfg['row_thread_columns']}{cap} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
             elif isinstance(variant, dict):
-                cfg = {**qm.default_config(qk.Side(row), qk.Side(col)), **variant}
+                cfg = {**qm.default_config(qk.Side(row), qk.Side(col)),
+                       **{k: v for k, v in variant.items() if k != "decoded"}}
                 cols_ = (f", cols {col.block}x{cfg['column_thread_columns']} {cfg['column_block_lanes']} lanes"
                          if col is not None else "")
                 cap = f", maxnreg {cfg['maxnreg']}" if cfg["maxnreg"] else ""
-                head = (f"| {label} | gluon-mx{'' if variant else ' (default)'} rows 1x{cfg['row_thread_columns']}"
+                plain = {k: v for k, v in variant.items() if k != "decoded"}
+                kind = (" decoded" if variant.get("decoded") else "") + ("" if plain else " (default)")
+                head = (f"| {label} | gluon-mx{kind} rows 1x{cfg['row_thread_columns']}"
                         f"{cols_}{cap} | {cfg['tile'][0]}x{cfg['tile'][1]} | {cfg['num_warps']} | f32 | hw | - | - |")
             else:
                 mode, tile, w, div, cvt, tw, st = variant
@@ -234,13 +248,14 @@ def main() -> None:
                 lines.append(f"{head} - | - | - | not run (CPU) |")
                 continue
             try:
-                fn, p = _launcher(shape, row, col, variant)
+                fn, out_shapes = _launcher(shape, row, col, variant)
+                want = wants[isinstance(variant, dict) and variant.get("decoded", False)]
                 got = fn(xs[0], tss[0])
                 # An absent side's outputs are (1,) placeholders the kernel never writes (the primitive
                 # drops them): only real outputs are compared.
                 names = ("row values", "row scales", "column values", "column scales")
                 bad = {name: int((np.asarray(g).view(np.uint8) != np.asarray(w_).view(np.uint8)).sum())
-                       for name, g, w_, (shape_, _) in zip(names, got, want, p.out_shapes) if shape_ != (1,)}
+                       for name, g, w_, (shape_, _) in zip(names, got, want, out_shapes) if shape_ != (1,)}
                 if any(bad.values()):
                     detail = ", ".join(f"{n}: {c}" for n, c in bad.items() if c)
                     lines.append(f"{head} - | - | - | bytes differ ({detail}) |")
@@ -251,7 +266,7 @@ def main() -> None:
                 lines.append(f"{head} - | - | - | error: {type(e).__name__}: {str(e)[:80]} |")
                 print(lines[-1], flush=True)
                 continue
-            rate = (xs[0].nbytes + _nbytes(p.out_shapes)) / t.profile.kernel_s
+            rate = (xs[0].nbytes + _nbytes(out_shapes)) / t.profile.kernel_s
             lines.append(f"{head} {t.profile.kernel_s * 1e6:.1f} | {t.wall_s * 1e6:.1f} | {rate / base_rate:.3f} | same |")
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

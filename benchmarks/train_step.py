@@ -75,6 +75,9 @@ def _paths(recipe_name: str, target: str) -> str:
         if fa is None and fb is None:
             out.append(f"{gemm} dense")
             continue
+        if r.decodes():  # decoded bf16 inputs (Recipe.gemm_inputs): XLA's dot
+            out.append(f"{gemm} decoded")
+            continue
         a = "bf16" if fa is None else fa
         b = "bf16" if fb is None else fb
         dummy = [jax.eval_shape(lambda f=f: jb.quantize(jnp.zeros((128, 128)), f)) if f != "bf16"

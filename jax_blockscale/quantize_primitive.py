@@ -20,6 +20,7 @@ per-example nvfp4 tensor scale under vmap takes the jnp quantizer.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -30,10 +31,11 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
-from .formats import Format, NVFP4Format
-from .quantize import BlockScaledArray, quantize_jnp
+from .formats import Format, MXFormat, NVFP4Format
+from .quantize import BlockScaledArray, dequantize, quantize_jnp
 
-__all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p"]
+__all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p", "Decoded",
+           "decoded_pair", "decoded_sides"]
 
 quantize_p = jcore.Primitive("blockscaled_quantize")
 quantize_p.multiple_results = True
@@ -57,10 +59,22 @@ def _plan(x_shape, row, col, **overrides):
     return plan(b, x_shape[-2], x_shape[-1], *_sides(row, col), **overrides)
 
 
-def _abstract_eval(x, ts, *, row, col):
+def out_shapes(x_shape, row, col, decoded: bool = False) -> tuple:
+    """The primitive's four (shape, dtype) outputs for x (..., R, C): the kernel plan's codes and scales
+    (row values, row scales, column values, column scales), or with `decoded` the bf16 values (lead, R, C)
+    and (lead, C, R) with 1-element placeholders for the scales and for a side that is off."""
+    if not decoded:
+        return _plan(x_shape, row, col).out_shapes
+    lead = int(np.prod(x_shape[:-2], dtype=np.int64))
+    r, c = x_shape[-2:]
+    off, bf16, u8 = (1,), np.dtype(jnp.bfloat16), np.dtype(np.uint8)
+    return (((lead, r, c) if row[0] is not None else off, bf16), (off, u8),
+            ((lead, c, r) if col[0] is not None else off, bf16), (off, u8))
+
+
+def _abstract_eval(x, ts, *, row, col, decoded):
     del ts
-    p = _plan(x.shape, row, col)
-    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in p.out_shapes]
+    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_shapes(x.shape, row, col, decoded)]
 
 
 quantize_p.def_abstract_eval(_abstract_eval)
@@ -79,8 +93,9 @@ def _raw(q: Optional[BlockScaledArray], lead: int) -> tuple[jax.Array, jax.Array
     return values.reshape((lead,) + values.shape[-2:]), scales.reshape((lead,) + scales.shape[-2:])
 
 
-def _reference(x, ts, *, row, col):
-    """The primitive's meaning, in jnp: the jnp quantizer on both sides, laid out as the kernel's outputs."""
+def _reference(x, ts, *, row, col, decoded=False):
+    """The primitive's meaning, in jnp: the jnp quantizer on both sides, laid out as the kernel's outputs
+    (with `decoded`, each side's `dequantize(q, bf16)`, nvfp4's tensor scale left out: `decoded_pair`)."""
     lead = int(np.prod(x.shape[:-2], dtype=np.int64))
     outs = []
     for (fmt, rounding), xs, t in ((row, x, ts[0]), (col, jnp.swapaxes(x, -1, -2), ts[1])):
@@ -88,8 +103,32 @@ def _reference(x, ts, *, row, col):
         if fmt is not None:
             tensor_scale = t if isinstance(fmt, NVFP4Format) else None
             q = quantize_jnp(xs, fmt, axis=-1, rounding=rounding, tensor_scale=tensor_scale)
-        outs += _raw(q, lead)
+        outs += _decoded_raw(q, lead) if decoded else _raw(q, lead)
     return outs
+
+
+def _decoded_raw(q: Optional[BlockScaledArray], lead: int) -> tuple[jax.Array, jax.Array]:
+    """`_raw`'s decoded counterpart: (bf16 values (lead, rows, cols), placeholder scales)."""
+    placeholder = jnp.zeros((1,), jnp.uint8)
+    if q is None:
+        return jnp.zeros((1,), jnp.bfloat16), placeholder
+    values = _canonical_nan(dequantize(_without_tensor_scale(q), jnp.bfloat16))
+    return values.reshape((lead,) + values.shape[-2:]), placeholder
+
+
+def _canonical_nan(values: jax.Array) -> jax.Array:
+    """NaNs as bf16's quiet NaN 0x7FC0 (a NaN block's values), whichever NaN the float32 -> bf16 conversion
+    gave: XLA's conversion on NVIDIA GPUs writes 0x7FFF where a constant-folded one writes 0x7FC0, so
+    without this the bits would depend on how XLA compiled `dequantize`. The kernel writes 0x7FC0 too."""
+    return jnp.where(jnp.isnan(values), jnp.asarray(jnp.nan, values.dtype), values)
+
+
+def _without_tensor_scale(q: BlockScaledArray) -> BlockScaledArray:
+    """q with an nvfp4 tensor scale of 1, so that its dequantized values are exact in bf16 (the tensor
+    scale is any float32; elements times block scales have at most 5 significant bits)."""
+    if q.tensor_scale is None:
+        return q
+    return BlockScaledArray(q.values, q.scales, q.fmt, q.axis, q.length, jnp.ones_like(q.tensor_scale))
 
 
 def _kernel_allowed(ctx) -> bool:
@@ -102,9 +141,11 @@ def _kernel_allowed(ctx) -> bool:
     return False
 
 
-def _gpu_lowering(ctx, x, ts, *, row, col):
+def _gpu_lowering(ctx, x, ts, *, row, col, decoded):
+    reference = mlir.lower_fun(functools.partial(_reference, row=row, col=col, decoded=decoded),
+                               multiple_results=True)
     if not (USE_KERNEL and _kernel_allowed(ctx)):
-        return mlir.lower_fun(functools.partial(_reference, row=row, col=col), multiple_results=True)(ctx, x, ts)
+        return reference(ctx, x, ts)
     from . import backends, primitive
     from ._triton import jt
 
@@ -114,10 +155,20 @@ def _gpu_lowering(ctx, x, ts, *, row, col):
         raise ValueError(f"cannot lower jax_blockscale's quantization kernel for "
                          f"{ctx.module_context.platforms[0]} without a device to read the target from")
     target = backends.detect_target(device)
+    cc = primitive._compute_capability(target)
+    if decoded and decoded_kernel_why_not(x.type.shape, row, col, cc) is not None:
+        return reference(ctx, x, ts)  # no kernel writes decoded values there: XLA runs the jnp pair
     with jt.lowering_target(target):
-        return mlir.lower_fun(functools.partial(_launch, row=row, col=col,
-                                                compute_capability=primitive._compute_capability(target)),
+        return mlir.lower_fun(functools.partial(_launch, row=row, col=col, compute_capability=cc, decoded=decoded),
                               multiple_results=True)(ctx, x, ts)
+
+
+def decoded_kernel_why_not(x_shape, row, col, compute_capability) -> Optional[str]:
+    """None when the Gluon MX kernel writes this pair's decoded values (`decoded_pair`) on the target,
+    else why XLA runs the jnp quantize-dequantize instead."""
+    from ._triton import quantize_mx_gluon
+
+    return quantize_mx_gluon.why_not(tuple(x_shape), jnp.bfloat16, *_sides(row, col), compute_capability)
 
 
 KERNELS = ("gluon", "triton")
@@ -151,20 +202,27 @@ def default_gluon_kernel(x_shape, x_dtype, row, col, compute_capability):
     return module if module is not None and module.preferred(*_sides(row, col)) else None
 
 
-def _launch(x, ts, *, row, col, compute_capability, kernel=None, **overrides):
+def _launch(x, ts, *, row, col, compute_capability, kernel=None, decoded=False, **overrides):
     """The fused quantization of x (..., R, C). kernel: "gluon" / "triton" / None (`fused_kernel`'s
     choice; the Triton kernel when `overrides` tune its plan); overrides: `quantize_kernels.plan`'s, or with
-    kernel="gluon" the Gluon kernel's launch settings (benchmarks/quant_variants.py)."""
-    from ._triton import jt
+    kernel="gluon" the Gluon kernel's launch settings (benchmarks/quant_variants.py). decoded: the Gluon
+    MX kernel writing dequantized bf16 values (`decoded_pair`)."""
+    from ._triton import jt, quantize_mx_gluon
     from ._triton.quantize_kernels import default_cvt, quantize_kernel
 
+    x3 = x.reshape((-1,) + x.shape[-2:])
+    if decoded:
+        why = decoded_kernel_why_not(x.shape, row, col, compute_capability)
+        if why is not None or kernel not in (None, "gluon"):
+            raise ValueError(f"decoded values come from the Gluon MX kernel only: {why or kernel}")
+        return quantize_mx_gluon.launch(x3, ts, *_sides(row, col), out_shapes(x.shape, row, col, True),
+                                        compute_capability, decoded=True, **overrides)
     if kernel is None:
         kernel = "triton" if overrides else fused_kernel(x.shape, x.dtype, row, col, compute_capability)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     # The fp8 element encoder by target: the hardware conversion on NVIDIA sm_89+, integer ops elsewhere.
     cvt = overrides.pop("cvt", default_cvt(compute_capability))
-    x3 = x.reshape((-1,) + x.shape[-2:])
     if kernel == "gluon":
         module, why = _gluon_kernel(x.shape, x.dtype, row, col, compute_capability)
         if module is None:
@@ -187,19 +245,18 @@ mlir.register_lowering(quantize_p, _gpu_lowering, platform="cuda")
 mlir.register_lowering(quantize_p, _gpu_lowering, platform="rocm")
 
 
-def _batching_rule(args, dims, *, row, col):
+def _batching_rule(args, dims, *, row, col, decoded):
     x, ts = args
     dx, dts = dims
     if dts is not None:  # per-example tensor scales: the jnp quantizer, vmapped
-        outs = jax.vmap(functools.partial(_reference, row=row, col=col), in_axes=(dx, dts))(x, ts)
+        outs = jax.vmap(functools.partial(_reference, row=row, col=col, decoded=decoded), in_axes=(dx, dts))(x, ts)
         return outs, [0] * 4
     x = jnp.moveaxis(x, dx, 0)
     v = x.shape[0]
-    outs = quantize_p.bind(x, ts, row=row, col=col)
-    p = _plan(x.shape, row, col)
+    outs = quantize_p.bind(x, ts, row=row, col=col, decoded=decoded)
     # The kernel's batch is the product of x's leading dims, mapped one first: split it back out.
     result = []
-    for out, (shape, _) in zip(outs, p.out_shapes):
+    for out, (shape, _) in zip(outs, out_shapes(x.shape, row, col, decoded)):
         result.append(out.reshape((v, shape[0] // v) + shape[1:]) if shape != (1,) else jnp.broadcast_to(out, (v, 1)))
     return result, [0] * 4
 
@@ -238,7 +295,7 @@ def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[For
     one = jnp.ones((), jnp.float32)
     ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
                     jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
-    rv, rs, cv, cs = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding))
+    rv, rs, cv, cs = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding), decoded=False)
     lead = x.shape[:-2]
     row = None if row_fmt is None else _cooked(rv, rs, row_fmt, lead, x.shape[-1], row_ts)
     col = None if col_fmt is None else _cooked(cv, cs, col_fmt, lead, x.shape[-2], col_ts)
@@ -292,3 +349,71 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
     row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
     col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
     return quantize_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoded sides: a quantization's values in bf16, for GEMMs that would decode the codes to bf16 anyway.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """An MX / nvfp4 quantization held as its dequantized values: `values` (..., rows, K) bf16, equal to
+    `dequantize(q, bf16)` of the BlockScaledArray q quantized along K, except that nvfp4's float32 tensor
+    scale is not multiplied in but kept in `tensor_scale` (None for MX), so that every value is exact in
+    bf16 (an element times its block scale has at most 5 significant bits; results below bf16's smallest
+    subnormal, 2**-133, round as `dequantize` rounds them). A GEMM of two Decoded operands is their bf16 dot
+    times the tensor scales (recipes: Hopper, which has no tensor-core instruction for MX / nvfp4 scales)."""
+
+    values: jax.Array
+    tensor_scale: Optional[jax.Array] = None
+
+
+def decoded_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Format], *, rounding: str = "rceil",
+                 row_ts=None, col_ts=None) -> tuple[Optional[Decoded], Optional[Decoded]]:
+    """`quantize_pair`, decoded: (Decoded of x along C (..., R, C), Decoded of x along R stored transposed
+    (..., C, R)), None for a side whose format is None. MX / nvfp4 formats only.
+
+    On one CUDA device with sm_90+ the Gluon MX kernel writes the bf16 values in the same single pass that
+    would write codes (`_triton/quantize_mx_gluon.py`, DECODED); elsewhere XLA runs the jnp quantizer and
+    `dequantize`. Bit-identical either way (tests/test_gpu_quantize_decoded.py)."""
+    for fmt in (row_fmt, col_fmt):
+        if fmt is not None and not isinstance(fmt, (MXFormat, NVFP4Format)):
+            raise ValueError(f"decoded sides are MX or nvfp4 formats, got {fmt!r}: a block-FP8 GEMM reads its "
+                             f"codes natively on every target")
+    if x.ndim < 2:
+        raise ValueError(f"decoded_pair needs x of rank >= 2 (..., R, C), got shape {x.shape}")
+    one = jnp.ones((), jnp.float32)
+    ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
+                    jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
+    rv, _, cv, _ = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding), decoded=True)
+    lead = x.shape[:-2]
+    row = None if row_fmt is None else Decoded(rv.reshape(lead + rv.shape[-2:]),
+                                               row_ts if isinstance(row_fmt, NVFP4Format) else None)
+    col = None if col_fmt is None else Decoded(cv.reshape(lead + cv.shape[-2:]),
+                                               col_ts if isinstance(col_fmt, NVFP4Format) else None)
+    return row, col
+
+
+def decoded_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str):
+    """`quantize_sides`, decoded (`decoded_pair`): the fused pair where it applies, else the jnp quantizer
+    per side (an empty input, Explicit-axis sharding) and `dequantize`."""
+    from . import _explicit
+    from .api import quantize_operand
+    from .quantize import nvfp4_tensor_scale
+
+    if row is None and col is None:
+        return None, None
+    row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
+    col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
+    if USE_KERNEL and x.size > 0 and _explicit.explicit_sharding(x) is None:
+        return decoded_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
+
+    def one(xs, fmt):
+        if fmt is None:
+            return None
+        q = quantize_operand(xs, fmt, side="a", rounding=rounding)
+        values = _explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)
+        return Decoded(_canonical_nan(values), q.tensor_scale)
+
+    return one(x, row), one(jnp.swapaxes(x, -1, -2), col)

@@ -38,6 +38,17 @@ dequantized one when the weight is pre-quantized), so they can also be fine-tune
 Residuals: the forward saves the wgrad operand x^T and the dgrad operand W^T already quantized when the
 recipe quantizes them (about 1 byte per element instead of 2-4), else the high-precision tensors.
 
+GEMM inputs (`Recipe.gemm_inputs`): Hopper has no tensor-core instruction that takes MX or nvfp4 scales,
+so there a large MX / nvfp4 GEMM decodes both operands to bf16 (one XLA pass each) before a bf16 GEMM. With
+"decoded" the recipe asks the quantization kernel for those bf16 values instead of codes and scales (the
+same single pass, 2 bytes written per element and side instead of about 1;
+`quantize_primitive.decoded_pair`), and the three GEMMs are XLA's bf16 dots, times nvfp4's tensor scales:
+the same values as the codes path, whose decode pass is gone. Residuals are then bf16 (2 bytes per element,
+as the bf16 baseline's). "codes" keeps codes and scales everywhere (native block-scaled MMAs on sm_100 and
+gfx950 read them). "auto", the default: "decoded" when the first JAX device is an NVIDIA sm_90 GPU and every
+quantized operand is MX or nvfp4, else "codes". A pre-quantized (frozen) weight is codes either way. By name:
+`get_recipe("mxfp8:codes")`.
+
 Rematerialization: under `jax.checkpoint` / `nn.remat` the backward re-runs the forward, quantizations
 included. The forward names what it quantizes (`jax.ad_checkpoint.checkpoint_name`): `WEIGHT_NAME` on
 W's quantizations, `INPUT_NAME` on x's; `checkpoint_policy()` saves them, so the recomputation reads
@@ -57,17 +68,19 @@ from jax.ad_checkpoint import checkpoint_name
 
 from . import _explicit, validation
 from .api import matmul, quantize_operand
-from .formats import DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, format_family, format_for_side
+from .formats import (DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, format_family,
+                      format_for_side)
 from .quantize import ROUNDING_MODES, BlockScaledArray
-from .quantize_primitive import quantize_sides
+from .quantize_primitive import Decoded, decoded_sides, quantize_sides
 
-__all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "get_recipe", "recipe_matmul",
+__all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "GEMM_INPUTS", "get_recipe", "recipe_matmul",
            "quantized_dense", "quantize_weight", "WEIGHT_NAME", "INPUT_NAME", "checkpoint_policy"]
 
 _DEEPSEEK_ACT = BlockFP8Format(tile=DEEPSEEK_TILES["a"])
 _DEEPSEEK_WEIGHT = BlockFP8Format(tile=DEEPSEEK_TILES["b"])
 _DENSE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _GEMMS = ("fprop", "dgrad", "wgrad")
+GEMM_INPUTS = ("auto", "codes", "decoded")
 
 FormatPair = tuple[Optional[Format], Optional[Format]]
 
@@ -82,7 +95,8 @@ class Recipe:
 
     Fields take format names or objects ("fp8_block" means 1x128 on the a side, 128x128 on the b side) and
     are stored resolved. `rounding` is the MX scale rounding (`jax_blockscale.quantize`); nvfp4 and
-    fp8_block scales ignore it. Frozen and hashable: usable as a static argument and a Flax field.
+    fp8_block scales ignore it. `gemm_inputs`: "auto", "codes" or "decoded" (module docstring). Frozen and
+    hashable: usable as a static argument and a Flax field.
     """
 
     name: str
@@ -91,11 +105,15 @@ class Recipe:
     wgrad: FormatPair = (None, None)
     rounding: str = "rceil"
     inference: bool = False  # built for serving; its backward is a bf16 straight-through
+    gemm_inputs: str = "auto"
 
     def __post_init__(self):
         if self.rounding not in ROUNDING_MODES:
             raise ValueError(f"recipe {self.name!r}: unknown rounding {self.rounding!r}; choose one of "
                              f"{ROUNDING_MODES}")
+        if self.gemm_inputs not in GEMM_INPUTS:
+            raise ValueError(f"recipe {self.name!r}: gemm_inputs must be one of {GEMM_INPUTS}, got "
+                             f"{self.gemm_inputs!r}")
         for gemm in _GEMMS:
             pair = getattr(self, gemm)
             if len(pair) != 2:
@@ -111,6 +129,25 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: {gemm} fp8_block tiles {a.tile} and {b.tile} "
                                  f"need the same width along K")
             object.__setattr__(self, gemm, (a, b))
+        if self.gemm_inputs == "decoded" and not self._decodable:
+            raise ValueError(f"recipe {self.name!r}: gemm_inputs='decoded' needs MX or nvfp4 formats for every "
+                             f"quantized operand (block FP8 GEMMs read their codes natively on every target)")
+
+    @property
+    def _decodable(self) -> bool:
+        formats = [f for g in _GEMMS for f in getattr(self, g) if f is not None]
+        return bool(formats) and all(isinstance(f, (MXFormat, NVFP4Format)) for f in formats)
+
+    def decodes(self) -> bool:
+        """Whether the GEMMs take decoded bf16 operands here (`gemm_inputs`; "auto" looks at the first JAX
+        device)."""
+        if self.gemm_inputs != "auto":
+            return self.gemm_inputs == "decoded"
+        if not self._decodable:
+            return False
+        from .backends import detect_target
+
+        return detect_target() == "sm_90"
 
     @property
     def quantizes(self) -> bool:
@@ -128,7 +165,9 @@ class Recipe:
             if f is None:
                 return "dense"
             return f"{f.name} {f.tile[0]}x{f.tile[1]}" if isinstance(f, BlockFP8Format) else f.name
-        rows = [f"recipe {self.name} (rounding {self.rounding})"]
+        inputs = self.gemm_inputs + (f", here {'decoded' if self.decodes() else 'codes'}"
+                                     if self.gemm_inputs == "auto" and self.quantizes else "")
+        rows = [f"recipe {self.name} (rounding {self.rounding}; GEMM inputs {inputs})"]
         labels = {"fprop": ("x along K", "W along K"), "dgrad": ("dy along N", "W^T along N"),
                   "wgrad": ("dy^T along M", "x^T along M")}
         for gemm in _GEMMS:
@@ -156,15 +195,19 @@ _ALIASES = {"deepseek": "fp8_deepseek", "fp8_block": "fp8_deepseek", "bfloat16":
 
 
 def get_recipe(recipe: RecipeLike) -> Recipe:
-    """A `Recipe` from a name (`RECIPE_NAMES`, case-insensitive) or passed through."""
+    """A `Recipe` from a name (`RECIPE_NAMES`, case-insensitive; "name:inputs" sets `gemm_inputs`, e.g.
+    "mxfp8:codes") or passed through."""
     if isinstance(recipe, Recipe):
         return recipe
     if not isinstance(recipe, str):
         raise TypeError(f"a recipe is a name or a jax_blockscale.Recipe, got {type(recipe).__name__}")
-    key = _ALIASES.get(recipe.lower(), recipe.lower())
+    name, _, inputs = recipe.partition(":")
+    key = _ALIASES.get(name.lower(), name.lower())
     if key not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPE_NAMES)} or build a "
-                         f"Recipe")
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPE_NAMES)} (optionally "
+                         f"with ':' and one of {GEMM_INPUTS}) or build a Recipe")
+    if inputs:
+        return dataclasses.replace(RECIPES[key], gemm_inputs=inputs.lower())
     return RECIPES[key]
 
 
@@ -174,6 +217,12 @@ def get_recipe(recipe: RecipeLike) -> Recipe:
 def _quantize(x: jax.Array, fmt: Optional[Format], rounding: str):
     # fmt is already resolved for its side, so `side` only matters for names, which never reach here.
     return quantize_operand(x, fmt, side="a", rounding=rounding)
+
+
+def _sides(s: "_Static", x: jax.Array, row: Optional[Format], col: Optional[Format]):
+    """x quantized along its last axis (row) and its second last (col, stored transposed), from one read:
+    BlockScaledArrays, or Decoded bf16 values when the recipe's GEMMs take them here (`Recipe.decodes`)."""
+    return (decoded_sides if s.decoded else quantize_sides)(x, row, col, s.recipe.rounding)
 
 
 def _t(x: jax.Array) -> jax.Array:
@@ -188,6 +237,14 @@ def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
     """
     if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
         return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
+    if isinstance(a, Decoded) or isinstance(b, Decoded):
+        # The bf16 values are exact (quantize_primitive.Decoded): their dot with fp32 accumulation is the
+        # codes path's GEMM up to summation order; nvfp4's tensor scales multiply the fp32 product.
+        scales = [t.tensor_scale for t in (a, b) if isinstance(t, Decoded) and t.tensor_scale is not None]
+        a, b = (t.values if isinstance(t, Decoded) else t for t in (a, b))
+        if scales:
+            out = _explicit.nt_dot(a, b, out_sharding, preferred_element_type=jnp.float32)
+            return (out * functools.reduce(jnp.multiply, scales)).astype(out_dtype)
     # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
     # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
     return _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
@@ -210,6 +267,7 @@ class _Static:
     # quantization kernel and dW comes out of the wgrad GEMM as (K, N), so no XLA transpose of the weight
     # or its gradient runs (on an H100, fp8_deepseek d4096: ~3.8 ms of transposes per step).
     w_kn: bool = False
+    decoded: bool = False  # the quantizations are Decoded bf16 values (Recipe.decodes, a trained weight)
 
 
 WEIGHT_NAME = "jax_blockscale.weight"
@@ -253,10 +311,13 @@ def _core(x: jax.Array, w, s: _Static) -> jax.Array:
     """x (*B, M, K) x w (*B, N, K) -> (*B, M, N) with the recipe's forward; same batch dims on both."""
     r = s.recipe
     if s.w_kn:  # (K, N): the fprop operand (N, K) along K is the quantization's transposed side
-        qw = _t(w) if r.fprop[1] is None else quantize_sides(w, None, r.fprop[1], r.rounding)[1]
+        qw = _t(w) if r.fprop[1] is None else _sides(s, w, None, r.fprop[1])[1]
+    elif isinstance(w, BlockScaledArray) or r.fprop[1] is None:
+        qw = w
     else:
-        qw = w if isinstance(w, BlockScaledArray) else _quantize(w, r.fprop[1], r.rounding)
-    return _gemm(_quantize(x, r.fprop[0], r.rounding), qw, s.out_dtype)
+        qw = _sides(s, w, r.fprop[1], None)[0]
+    qx = x if r.fprop[0] is None else _sides(s, x, r.fprop[0], None)[0]
+    return _gemm(qx, qw, s.out_dtype)
 
 
 def _core_fwd(x, w, s: _Static):
@@ -266,18 +327,18 @@ def _core_fwd(x, w, s: _Static):
     # when W trains); W along K (fprop) and W^T along N (dgrad). The transposed quantizations are the
     # residuals, so the backward neither re-reads nor transposes x or W (quantize_sides: one kernel on a
     # GPU). Dense sides (the recipe keeps them in high precision) stay as they are.
-    qx, xt = quantize_sides(x, r.fprop[0], None if frozen else r.wgrad[1], r.rounding)
+    qx, xt = _sides(s, x, r.fprop[0], None if frozen else r.wgrad[1])
     x_res = None if frozen else (xt if r.wgrad[1] else x)
     if frozen:
         # A pre-quantized weight: W^T along N from its dequantized values (serving, fine-tuning x only).
         qw, w_res = w, (_quantize(_t(_dense(w)), r.dgrad[1], r.rounding) if r.dgrad[1] else w)
     elif s.w_kn:
         # W (K, N): along N as it lies (dgrad's (K, N) operand), along K transposed (fprop's (N, K)).
-        wt, qw = quantize_sides(w, r.dgrad[1], r.fprop[1], r.rounding)
+        wt, qw = _sides(s, w, r.dgrad[1], r.fprop[1])
         w_res = wt if r.dgrad[1] else w
         qw = _t(w) if qw is None else qw
     else:
-        qw, wt = quantize_sides(w, r.fprop[1], r.dgrad[1], r.rounding)
+        qw, wt = _sides(s, w, r.fprop[1], r.dgrad[1])
         w_res = wt if r.dgrad[1] else w
     # Names for rematerialization (`checkpoint_policy`); outside jax.checkpoint they change nothing.
     qx, x_res = _named((qx, x_res), INPUT_NAME)
@@ -291,7 +352,7 @@ def _core_bwd(s: _Static, res, g):
     x_res, w_res = res
     frozen = s.w_dtype is None
     # dy along N (dgrad) and dy^T along M (wgrad) from one read of dy.
-    qg, gt = quantize_sides(g, r.dgrad[0], None if frozen else r.wgrad[0], r.rounding)
+    qg, gt = _sides(s, g, r.dgrad[0], None if frozen else r.wgrad[0])
     # dgrad: dx (M, K) = dy (M, N) . W^T (K, N)
     if r.dgrad[1]:
         wt = w_res
@@ -305,7 +366,7 @@ def _core_bwd(s: _Static, res, g):
     gt = _t(g) if gt is None else gt
     if not s.w_kn:
         dw = _gemm(gt, xt, s.w_dtype, s.w_sharding)
-    elif _swap_wgrad(r):
+    elif _swap_wgrad(r) or s.decoded:  # dense dots take any operand order
         dw = _gemm(xt, gt, s.w_dtype, s.w_sharding)
     else:
         # The pair differs (fp8_deepseek: 1x128 dy^T, 128x128 x^T; no kernel takes it swapped), so one side
@@ -396,7 +457,8 @@ def _recipe_matmul(x, w, r: Recipe, out_dtype, w_kn: bool) -> jax.Array:
 
     def core(x, w):
         s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype),
-                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w), w_kn)
+                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w), w_kn,
+                    decoded=not frozen and r.decodes())
         return _core(x, w, s)
 
     if w.ndim == 2:

@@ -77,12 +77,13 @@ def test_every_pair_has_valid_default_settings():
             qm.check_config(Side(row), Side(col), qm.default_config(Side(row), Side(col)))
 
 
-def _compiled(row, col, target="sm_90", r=8192, c=8192, x_type="*bf16"):
+def _compiled(row, col, target="sm_90", r=8192, c=8192, x_type="*bf16", decoded=False):
     rs, cs = Side(row), Side(col)
     cfg = qm.default_config(rs, cs)
-    signature = dict(x_ptr=x_type, ts_ptr="*fp32", rv_ptr="*u8", rs_ptr="*u8", cv_ptr="*u8", cs_ptr="*u8")
+    out = "*bf16" if decoded else "*u8"
+    signature = dict(x_ptr=x_type, ts_ptr="*fp32", rv_ptr=out, rs_ptr="*u8", cv_ptr=out, cs_ptr="*u8")
     return compile_kernel(qm.quantize_mx_t_kernel, target=target, signature=signature,
-                          constexprs=qm.kernel_constexprs(r, c, rs, cs, cfg), num_warps=cfg["num_warps"],
+                          constexprs=qm.kernel_constexprs(r, c, rs, cs, cfg, decoded), num_warps=cfg["num_warps"],
                           num_stages=1)
 
 
@@ -106,12 +107,30 @@ def test_compiled_kernel_has_no_shared_memory_and_vector_stores(target, pair):
     assert ("min.f32" in ptx and "0f40C00000" in ptx) == bool(fp4)  # the e2m1 pair encoder
 
 
+@pytest.mark.parametrize("decoded", [False, True])
 @pytest.mark.parametrize("pair", sorted(PAIRS))
-def test_measured_settings_do_not_spill(pair):
+def test_measured_settings_do_not_spill(pair, decoded):
     from benchmarks import _sass
 
-    cubin = _compiled(*PAIRS[pair]).asm["cubin"]
+    cubin = _compiled(*PAIRS[pair], decoded=decoded).asm["cubin"]
     assert not re.findall(r"\b(?:STL|LDL)\b", _sass.disassemble(cubin, "cuobjdump"))
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_decoded_kernel_stores_bf16_vectors_and_no_codes(target, pair):
+    """DECODED (the recipes' bf16 GEMM inputs on Hopper): each side's values leave in 16-byte stores of bf16
+    (a thread's whole row blocks; its column blocks along x^T's rows), no scale bytes are stored, and the
+    elements still go through the encoders (the values are the codes', decoded)."""
+    row, col = PAIRS[pair]
+    ck = _compiled(row, col, target, decoded=True)
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.shared == 0
+    sides = sum(f is not None for f in (row, col))
+    assert len(re.findall(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)) >= 2 * sides
+    assert not re.findall(r"st\.global(?:\.\w+)*\.(?:b8|u8)", ptx)
+    assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.bf16.f32" in ptx
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == any(f.element.bits == 8 for f in (row, col) if f is not None)
 
 
 def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper):

@@ -49,8 +49,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from . import launch as scratch
-from .quantize_kernels import (_encode_e2m1_pairs, _encode_elements, _mx_block_scale, _nvfp4_block_scale,
-                               _quotient_parts, _quotient_signed, _side_constexprs)
+from .quantize_kernels import (_e4m3_value, _encode_e2m1_pairs, _encode_elements, _mx_block_scale,
+                               _nvfp4_block_scale, _quotient_parts, _quotient_signed, _side_constexprs)
+from .upcast import e8m0_to_f32, minifloat_to_f32
 
 
 @gluon.jit
@@ -74,6 +75,42 @@ def _scaled(x, amax_bits, ts, AXIS: gl.constexpr, KIND: gl.constexpr, ROUNDING: 
 
 
 @gluon.jit
+def _scale_values(scales, KIND: gl.constexpr):
+    """Stored scale codes (uint8) as float32: e4m3 (nvfp4; its tensor scale is left out) or e8m0 (MX), NaN
+    for a block with NaN/Inf."""
+    if KIND == "nvfp4":
+        value = _e4m3_value(scales)
+    else:
+        value = e8m0_to_f32(scales)
+    return value
+
+
+@gluon.jit
+def _bf16_values(values, scale):
+    """values * scale (float32, exact) rounded to bf16; a block whose scale is NaN (NaN or Inf
+    in it) gives bf16's quiet NaN 0x7FC0, as the jnp path writes it (`quantize_primitive._canonical_nan`):
+    the conversion's own NaN is 0x7FFF on NVIDIA."""
+    bits = (values * scale).to(gl.bfloat16).to(gl.uint16, bitcast=True)
+    return gl.where(scale != scale, gl.full_like(bits, 0x7FC0), bits).to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def _element_values(codes, NBITS: gl.constexpr, MBITS: gl.constexpr):
+    """One-code-per-byte elements (uint8) as float32, exactly, from their bits."""
+    return minifloat_to_f32(codes, NBITS - 1 - MBITS, MBITS, 0)
+
+
+@gluon.jit
+def _pair_values(packed, SHAPE: gl.constexpr, PERM: gl.constexpr):
+    """Bytes of e2m1 pairs as float32, exactly, in the element order `_pairs` split them from: each byte's
+    (low, high) nibble joined on a new minor axis, permuted by PERM (its own inverse in both uses) and
+    reshaped to SHAPE (the pair axis whole)."""
+    lo = minifloat_to_f32(packed, 2, 1, 0)
+    hi = minifloat_to_f32(packed, 2, 1, 4)
+    return gl.reshape(gl.permute(gl.join(lo, hi), PERM), SHAPE)
+
+
+@gluon.jit
 def _pairs(v, SHAPE: gl.constexpr, PERM: gl.constexpr):
     """v's elements 2j and 2j + 1 along one axis as two tensors: reshaped to SHAPE (that axis split into
     (j, 2)), permuted by PERM (the 2 last), split. Registers only: a thread holds both of each pair."""
@@ -91,14 +128,19 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                          C_KIND: gl.constexpr, C_ROUNDING: gl.constexpr, C_TH: gl.constexpr, C_EPB: gl.constexpr,
                          C_RQ: gl.constexpr, C_MBITS: gl.constexpr, C_MIN_EXP: gl.constexpr,
                          C_MAX_BITS: gl.constexpr, C_NBITS: gl.constexpr, C_EMAX: gl.constexpr,
-                         C_CMANT: gl.constexpr):
+                         C_CMANT: gl.constexpr, DECODED: gl.constexpr):
     """x (B, R, C) float -> row side (R_KIND "mx" / "nvfp4" / "none"): values (B, R, R_CQ / R_EPB) and scales
     (B, R, R_CQ / R_TW), blocks of R_TW along C; column side (C_KIND): x^T's values (B, C, C_RQ / C_EPB) and
     scales (B, C, C_RQ / C_TH), blocks of C_TH along R. R_CQ / C_RQ: C / R padded to a block (the padding
     quantizes as zeros). ts_ptr: the two float32 tensor scales (row, column), read by nvfp4 sides only.
     Program tile (TR, TC): TR a multiple of the column side's pass (CL blocks of C_TH rows) and of the row
     side's strip, TC of R_TW and of the column side's strip (`check_config`). Grid (cdiv(C, TC), cdiv(R, TR),
-    B). Needs R * C < 2**31 (in-batch offsets are int32)."""
+    B). Needs R * C < 2**31 (in-batch offsets are int32).
+
+    DECODED: instead of codes and scales, each side writes its quantization's values, dequantized: bf16
+    rv (B, R, C) and cv (B, C, R) (no padding; nvfp4's tensor scale left out), equal to
+    `quantize.dequantize(q, bf16)` of the codes and scales it would have stored, NaN as 0x7FC0; rs / cs are
+    not written."""
     W: gl.constexpr = gl.num_warps()
     pid_c = gl.program_id(0)
     pid_r = gl.program_id(1)
@@ -127,9 +169,20 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
             amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=2)
             scaled, sign_src, scales = _scaled(x, amax_bits, ts_r, 2, R_KIND, R_ROUNDING, R_MBITS, R_EMAX, R_CMANT)
             blk = c0 // RB + bb[None, :]
-            gl.store(rs_ptr + batch * (R * (R_CQ // RB)) + rows[:, None] * (R_CQ // RB) + blk, scales,
-                     mask=(rows[:, None] < R) & (blk < R_CQ // RB))
-            if R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
+            if DECODED:
+                scale_v = gl.expand_dims(_scale_values(scales, R_KIND), 2)
+            else:
+                gl.store(rs_ptr + batch * (R * (R_CQ // RB)) + rows[:, None] * (R_CQ // RB) + blk, scales,
+                         mask=(rows[:, None] < R) & (blk < R_CQ // RB))
+            if DECODED and R_EPB == 2:
+                lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
+                slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
+                values = gl.convert_layout(_pair_values(_encode_e2m1_pairs(lo, hi, slo, shi), [SR, NB, RB],
+                                                        [0, 1, 2, 3]), ROWS)
+            elif DECODED:
+                codes = _encode_elements(scaled, sign_src, "hw", R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
+                values = _element_values(codes, R_NBITS, R_MBITS)
+            elif R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
                 lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
                 slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
                 packed = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi), PAIRS)
@@ -143,6 +196,9 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                 codes = _encode_elements(scaled, sign_src, "hw", R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
                 gl.store(rv_ptr + batch * (R * R_CQ) + rows[:, None, None] * R_CQ + cols, codes,
                          mask=(rows[:, None, None] < R) & (cols < R_CQ))
+            if DECODED:
+                gl.store(rv_ptr + batch * (R * C) + rows[:, None, None] * C + cols, _bf16_values(values, scale_v),
+                         mask=(rows[:, None, None] < R) & (cols < C))
 
     if C_KIND != "none":
         CB: gl.constexpr = C_TH
@@ -160,6 +216,9 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
         ll_o = gl.arange(0, CL, layout=gl.SliceLayout(1, gl.SliceLayout(2, OUT)))
         jj_o = gl.arange(0, CB // C_EPB, layout=gl.SliceLayout(0, gl.SliceLayout(2, OUT)))
         cc_o = gl.arange(0, SC, layout=gl.SliceLayout(0, gl.SliceLayout(1, OUT)))
+        ll_d = gl.arange(0, CL, layout=gl.SliceLayout(1, gl.SliceLayout(2, COLS_OUT)))
+        jj_d = gl.arange(0, CB, layout=gl.SliceLayout(0, gl.SliceLayout(2, COLS_OUT)))
+        cc_d = gl.arange(0, SC, layout=gl.SliceLayout(0, gl.SliceLayout(1, COLS_OUT)))
         for i in gl.static_range(TR // (CL * CB)):
             rb0 = r0 + i * (CL * CB)  # first row of this pass: CL blocks of CB rows
             rows_c = rb0 + ll[:, None, None] * CB + jj[None, :, None]
@@ -171,21 +230,36 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                                                    C_CMANT)
                 cols_s = c0 + s * SC + cc_s[None, :]
                 blk = rb0 // CB + ll_s[:, None]
-                gl.store(cs_ptr + batch * (C * (C_RQ // CB)) + cols_s * (C_RQ // CB) + blk, scales,
-                         mask=(cols_s < C) & (blk < C_RQ // CB))
+                if DECODED:
+                    scale_v = gl.convert_layout(gl.expand_dims(_scale_values(scales, C_KIND), 1), COLS_OUT)
+                else:
+                    gl.store(cs_ptr + batch * (C * (C_RQ // CB)) + cols_s * (C_RQ // CB) + blk, scales,
+                             mask=(cols_s < C) & (blk < C_RQ // CB))
                 # Rows first in registers (the same ownership: no data moves), for the stores along x^T's rows.
                 scaled = gl.convert_layout(scaled, COLS_OUT)
                 sign_src = gl.convert_layout(sign_src, COLS_OUT)
                 if C_EPB == 2:  # pairs along R: the even row in the low nibble
                     lo, hi = _pairs(scaled, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
                     slo, shi = _pairs(sign_src, [CL, CB // 2, 2, SC], [0, 1, 3, 2])
-                    codes = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi), COLS_PAIRS)
+                    packed = _encode_e2m1_pairs(lo, hi, slo, shi)
+                    if DECODED:
+                        values = gl.convert_layout(_pair_values(packed, [CL, CB, SC], [0, 1, 3, 2]), COLS_OUT)
+                    else:
+                        codes = gl.convert_layout(packed, COLS_PAIRS)
                 else:
                     codes = _encode_elements(scaled, sign_src, "hw", C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS)
-                inner = rb0 // C_EPB + ll_o[:, None, None] * (CB // C_EPB) + jj_o[None, :, None]
-                cols_o = c0 + s * SC + cc_o[None, None, :]
-                gl.store(cv_ptr + batch * (C * (C_RQ // C_EPB)) + cols_o * (C_RQ // C_EPB) + inner, codes,
-                         mask=(cols_o < C) & (inner < C_RQ // C_EPB))
+                    if DECODED:
+                        values = _element_values(codes, C_NBITS, C_MBITS)
+                if DECODED:
+                    rows_d = rb0 + ll_d[:, None, None] * CB + jj_d[None, :, None]
+                    cols_d = c0 + s * SC + cc_d[None, None, :]
+                    gl.store(cv_ptr + batch * (C * R) + cols_d * R + rows_d, _bf16_values(values, scale_v),
+                             mask=(cols_d < C) & (rows_d < R))
+                else:
+                    inner = rb0 // C_EPB + ll_o[:, None, None] * (CB // C_EPB) + jj_o[None, :, None]
+                    cols_o = c0 + s * SC + cc_o[None, None, :]
+                    gl.store(cv_ptr + batch * (C * (C_RQ // C_EPB)) + cols_o * (C_RQ // C_EPB) + inner, codes,
+                             mask=(cols_o < C) & (inner < C_RQ // C_EPB))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -293,21 +367,25 @@ def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> 
     return None
 
 
-def kernel_constexprs(r: int, c: int, row, col, cfg: dict) -> dict:
-    """The kernel's constexprs for x (B, r, c), `Side`s row / col and launch settings cfg (`check_config`)."""
+def kernel_constexprs(r: int, c: int, row, col, cfg: dict, decoded: bool = False) -> dict:
+    """The kernel's constexprs for x (B, r, c), `Side`s row / col and launch settings cfg (`check_config`);
+    decoded: write dequantized bf16 values instead of codes and scales (the kernel's DECODED)."""
     ce = {**_side_constexprs("R_", row, c), **_side_constexprs("C_", col, r)}
     keep = ("KIND", "ROUNDING", "EPB", "MBITS", "MIN_EXP", "MAX_BITS", "NBITS", "EMAX", "CMANT")
     tr, tc = cfg["tile"]
     return dict({k: v for k, v in ce.items() if k[2:] in keep},
                 R_TW=ce["R_TW"], R_CQ=ce["R_CQ"], C_TH=ce["C_TH"], C_RQ=ce["C_RQ"], R=r, C=c, TR=tr, TC=tc,
-                RT=cfg["row_thread_columns"], CC=cfg["column_thread_columns"], CL=cfg["column_block_lanes"])
+                RT=cfg["row_thread_columns"], CC=cfg["column_thread_columns"], CL=cfg["column_block_lanes"],
+                DECODED=decoded)
 
 
-def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw", **config) -> list:
+def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw", decoded: bool = False,
+           **config) -> list:
     """Runs the kernel on x3 (B, R, C) for `why_not`-approved sides; ts: (2,) float32 tensor scales (row,
     column; nvfp4 sides read theirs); out_shapes: the quantization plan's four (shape, dtype) outputs
     (`quantize_kernels.plan`), which this kernel fills in the same layouts. cvt: "hw" only (NVIDIA inline
-    PTX: the sm_89+ fp8 conversion, the e2m1 pair encoder). config: `CONFIG_KEYS` overriding
+    PTX: the sm_89+ fp8 conversion, the e2m1 pair encoder). decoded: out_shapes are the decoded plan's
+    (`quantize_primitive.decoded_shapes`) and the kernel writes dequantized bf16 values. config: `CONFIG_KEYS` overriding
     `default_config` (benchmarks/quant_variants.py)."""
     if cvt != "hw":
         raise ValueError(f"the Gluon MX kernel encodes with NVIDIA inline PTX (cvt 'hw'), got {cvt!r}")
@@ -323,4 +401,4 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
         grid=(-(-c // tc), -(-r // tr), b), num_warps=cfg["num_warps"], num_stages=1,
         compute_capability=compute_capability, name="jbs_quantize_mx_gluon", maxnreg=cfg["maxnreg"],
-        **kernel_constexprs(r, c, row, col, cfg))
+        **kernel_constexprs(r, c, row, col, cfg, decoded))
