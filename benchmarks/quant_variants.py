@@ -199,6 +199,12 @@ def main() -> None:
     base = kernel_times(jax.jit(lambda x: x * 2), [(x,) for x in xs])
     base_rate = 2 * xs[0].nbytes / base.profile.kernel_s if on_gpu else math.nan
     print(f"x*2: kernel {base.profile.kernel_s * 1e6:.1f} us, wall {base.wall_s * 1e6:.1f} us", flush=True)
+    if args.decoded and on_gpu:  # the bytes of decoded values on both sides: read once, write twice
+        two = kernel_times(jax.jit(lambda x: (x * 2, x * 3)), [(x,) for x in xs])
+        rate = 3 * xs[0].nbytes / two.profile.kernel_s
+        lines.insert(2, f"(x*2, x*3), read once and written twice (the ceiling for decoded values on both sides): "
+                        f"kernel {two.profile.kernel_s * 1e6:.1f} µs, {rate / base_rate:.3f} of x*2's rate\n")
+        print(lines[2], flush=True)
     for label in args.cases.split(","):
         row, col = CASES[label]
         tss = [jnp.stack([jb.nvfp4_tensor_scale(x) if isinstance(f, type(get_format("nvfp4"))) else
@@ -231,7 +237,7 @@ def main() -> None:
                 head = (f"| {label} | gluon{'' if variant else ' (default)'} cols {shape_}, rows 1x"
                         f"{cfg['row_thread_columns']}{cap} | 128x128 | {cfg['num_warps']} | f32 | hw | - | - |")
             elif isinstance(variant, dict):
-                cfg = {**qm.default_config(qk.Side(row), qk.Side(col)),
+                cfg = {**qm.default_config(qk.Side(row), qk.Side(col), variant.get("decoded", False)),
                        **{k: v for k, v in variant.items() if k != "decoded"}}
                 cols_ = (f", cols {col.block}x{cfg['column_thread_columns']} {cfg['column_block_lanes']} lanes"
                          if col is not None else "")

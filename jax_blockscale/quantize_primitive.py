@@ -116,11 +116,18 @@ def _decoded_raw(q: Optional[BlockScaledArray], lead: int) -> tuple[jax.Array, j
     return values.reshape((lead,) + values.shape[-2:]), placeholder
 
 
+_BF16_NAN = 0x7FFF  # the canonical NaN of NVIDIA's float32 -> bf16 conversion (cvt.rn.bf16x2.f32)
+
+
 def _canonical_nan(values: jax.Array) -> jax.Array:
-    """NaNs as bf16's quiet NaN 0x7FC0 (a NaN block's values), whichever NaN the float32 -> bf16 conversion
-    gave: XLA's conversion on NVIDIA GPUs writes 0x7FFF where a constant-folded one writes 0x7FC0, so
-    without this the bits would depend on how XLA compiled `dequantize`. The kernel writes 0x7FC0 too."""
-    return jnp.where(jnp.isnan(values), jnp.asarray(jnp.nan, values.dtype), values)
+    """NaNs (a NaN block's values) as the bf16 NaN 0x7FFF, whichever NaN the float32 -> bf16 conversion gave:
+    XLA's conversion on NVIDIA GPUs writes 0x7FFF where a constant-folded one (or the CPU's) writes 0x7FC0,
+    so without this the bits would depend on how XLA compiled `dequantize`. The kernel's conversion writes
+    0x7FFF for every NaN, at no cost."""
+    # On the bits: XLA may fold a float select of NaN against a NaN test (NaN payloads are not values to it).
+    bits = lax.bitcast_convert_type(values, jnp.uint16)
+    bits = jnp.where((bits & 0x7FFF) > 0x7F80, jnp.uint16(_BF16_NAN), bits)
+    return lax.bitcast_convert_type(bits, values.dtype)
 
 
 def _without_tensor_scale(q: BlockScaledArray) -> BlockScaledArray:

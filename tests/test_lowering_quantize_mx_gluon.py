@@ -74,12 +74,13 @@ def test_every_pair_has_valid_default_settings():
         for col in kinds:
             if row is None and col is None:
                 continue
-            qm.check_config(Side(row), Side(col), qm.default_config(Side(row), Side(col)))
+            for decoded in (False, True):
+                qm.check_config(Side(row), Side(col), qm.default_config(Side(row), Side(col), decoded))
 
 
 def _compiled(row, col, target="sm_90", r=8192, c=8192, x_type="*bf16", decoded=False):
     rs, cs = Side(row), Side(col)
-    cfg = qm.default_config(rs, cs)
+    cfg = qm.default_config(rs, cs, decoded)
     out = "*bf16" if decoded else "*u8"
     signature = dict(x_ptr=x_type, ts_ptr="*fp32", rv_ptr=out, rs_ptr="*u8", cv_ptr=out, cs_ptr="*u8")
     return compile_kernel(qm.quantize_mx_t_kernel, target=target, signature=signature,

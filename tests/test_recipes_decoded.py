@@ -47,7 +47,11 @@ def test_decoded_sides_are_the_dequantized_codes(pair, shape):
         unscaled = jb.BlockScaledArray(q.values, q.scales, fmt, -1, q.length, jnp.ones((), jnp.float32) if nvfp4
                                        else None)
         assert d.values.dtype == jnp.bfloat16 and d.values.shape == xs.shape
-        np.testing.assert_array_equal(_bits(d.values), _bits(dequantize(unscaled, jnp.bfloat16)))
+        want = dequantize(unscaled, jnp.bfloat16)
+        nan = np.isnan(np.asarray(want, np.float32))
+        assert nan.any() or np.prod(shape) < 1000  # special_array has NaN / Inf blocks
+        np.testing.assert_array_equal(_bits(d.values)[~nan], _bits(want)[~nan])
+        assert (_bits(d.values)[nan] == 0x7FFF).all()  # one NaN whatever the conversion gave
         assert (d.tensor_scale is None) == (not nvfp4)
         if nvfp4:  # the tensor scale is the one the codes were scaled by
             np.testing.assert_array_equal(np.asarray(d.tensor_scale), np.asarray(ts))

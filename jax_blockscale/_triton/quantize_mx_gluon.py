@@ -87,17 +87,39 @@ def _scale_values(scales, KIND: gl.constexpr):
 
 @gluon.jit
 def _bf16_values(values, scale):
-    """values * scale (float32, exact) rounded to bf16; a block whose scale is NaN (NaN or Inf
-    in it) gives bf16's quiet NaN 0x7FC0, as the jnp path writes it (`quantize_primitive._canonical_nan`):
-    the conversion's own NaN is 0x7FFF on NVIDIA."""
-    bits = (values * scale).to(gl.bfloat16).to(gl.uint16, bitcast=True)
-    return gl.where(scale != scale, gl.full_like(bits, 0x7FC0), bits).to(gl.bfloat16, bitcast=True)
+    """values * scale (float32, exact) rounded to bf16 (cvt.rn.bf16x2.f32). A block whose scale is NaN (NaN or
+    Inf in it) comes out as the conversion's canonical NaN 0x7FFF, as the jnp path writes it
+    (`quantize_primitive._canonical_nan`)."""
+    return (values * scale).to(gl.bfloat16)
+
+
+# The sm_89+ conversion of four 8-bit codes (one register) to four f16 (two): exact, as every e4m3 / e5m2 value
+# is an f16 value. Half the instructions of the bit placement minifloat_to_f32 does for the narrower kinds.
+_FP8_DECODE_PTX = """{
+.reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.KIND $0, lo;
+cvt.rn.f16x2.KIND $1, hi;
+}"""
+_E4M3_DECODE_PTX = gl.constexpr(_FP8_DECODE_PTX.replace("KIND", "e4m3x2"))
+_E5M2_DECODE_PTX = gl.constexpr(_FP8_DECODE_PTX.replace("KIND", "e5m2x2"))
 
 
 @gluon.jit
 def _element_values(codes, NBITS: gl.constexpr, MBITS: gl.constexpr):
-    """One-code-per-byte elements (uint8) as float32, exactly, from their bits."""
-    return minifloat_to_f32(codes, NBITS - 1 - MBITS, MBITS, 0)
+    """One-code-per-byte elements (uint8) as float32, exactly: 8-bit kinds by the hardware conversion, 6-bit
+    ones from their bits."""
+    if NBITS == 8 and MBITS == 3:
+        halves = gl.inline_asm_elementwise(_E4M3_DECODE_PTX, "=r,=r,r", [codes],
+                                           dtype=gl.float16, is_pure=True, pack=4)
+        value = halves.to(gl.float32)
+    elif NBITS == 8:
+        halves = gl.inline_asm_elementwise(_E5M2_DECODE_PTX, "=r,=r,r", [codes],
+                                           dtype=gl.float16, is_pure=True, pack=4)
+        value = halves.to(gl.float32)
+    else:
+        value = minifloat_to_f32(codes, NBITS - 1 - MBITS, MBITS, 0)
+    return value
 
 
 @gluon.jit
@@ -139,7 +161,7 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
 
     DECODED: instead of codes and scales, each side writes its quantization's values, dequantized: bf16
     rv (B, R, C) and cv (B, C, R) (no padding; nvfp4's tensor scale left out), equal to
-    `quantize.dequantize(q, bf16)` of the codes and scales it would have stored, NaN as 0x7FC0; rs / cs are
+    `quantize.dequantize(q, bf16)` of the codes and scales it would have stored, NaN as 0x7FFF; rs / cs are
     not written."""
     W: gl.constexpr = gl.num_warps()
     pid_c = gl.program_id(0)
@@ -290,6 +312,14 @@ CONFIGS = {
     ("mxfp4", "mxfp4"): dict(num_warps=4, tile=(64, 128), column_thread_columns=2, column_block_lanes=2),  # 0.76x
 }
 _UNUSED = dict(row_thread_columns=32, column_thread_columns=2, column_block_lanes=4, maxnreg=0)
+# Decoded values (DECODED: bf16 out, 2 bytes per element and side), where they differ from CONFIGS: same sweep
+# with --decoded (benchmarks/results/quant_decoded_h100_2026-11-24_session20.md). nvfp4 + transposed mxfp8
+# 157.9 us (0.88x) against 193.4 us with the codes' settings; mxfp8 + transposed keeps them (197.8 us, the
+# best variant 191.9 us: within run-to-run spread).
+DECODED_CONFIGS = {
+    ("nvfp4", "mx"): dict(num_warps=8, tile=(64, 128), row_thread_columns=16, column_thread_columns=1,
+                          column_block_lanes=2),
+}
 
 
 def _kind(side) -> Optional[str]:
@@ -302,9 +332,12 @@ def _kind(side) -> Optional[str]:
     return "mxfp4" if side.fmt.element.bits == 4 else "mx"
 
 
-def default_config(row, col) -> dict:
-    """Launch settings (`CONFIG_KEYS`) for a (row, column) pair of `Side`s, from `CONFIGS`."""
+def default_config(row, col, decoded: bool = False) -> dict:
+    """Launch settings (`CONFIG_KEYS`) for a (row, column) pair of `Side`s, from `CONFIGS` (with `decoded`,
+    `DECODED_CONFIGS` first)."""
     key = (_kind(row), _kind(col))
+    if decoded and key in DECODED_CONFIGS:
+        return {**_UNUSED, **DECODED_CONFIGS[key]}
     if key not in CONFIGS:
         key = (key[1], key[1])  # every kind has a row-only entry and a pair with itself
     cfg = {**_UNUSED, **CONFIGS[key]}
@@ -392,7 +425,7 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
         raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {list(CONFIG_KEYS)}")
-    cfg = {**default_config(row, col), **config}
+    cfg = {**default_config(row, col, decoded), **config}
     check_config(row, col, cfg)
     b, r, c = x3.shape
     tr, tc = cfg["tile"]
