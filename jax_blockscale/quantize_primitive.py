@@ -289,6 +289,16 @@ def kernel_path(fmt: Optional[Format]) -> Optional[str]:
     return supported_side(fmt)
 
 
+def _bind(x, row_fmt, col_fmt, rounding, row_ts, col_ts, *, decoded: bool):
+    """quantize_p on x (..., R, C) with the two tensor scales stacked (1 for a side without one)."""
+    if x.ndim < 2:
+        raise ValueError(f"a quantization pair needs x of rank >= 2 (..., R, C), got shape {x.shape}")
+    one = jnp.ones((), jnp.float32)
+    ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
+                    jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
+    return quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding), decoded=decoded)
+
+
 def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Format], *,
                   rounding: str = "rceil", row_ts=None, col_ts=None):
     """(quantize(x, row_fmt, axis=-1), quantize(swapaxes(x, -1, -2), col_fmt, axis=-1)) from one pass.
@@ -297,12 +307,7 @@ def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[For
     use `rounding`; nvfp4 sides use `row_ts` / `col_ts`, the float32 tensor scales (shape ()).
     Returns a pair of BlockScaledArrays (None for a side whose format is None).
     """
-    if x.ndim < 2:
-        raise ValueError(f"quantize_pair needs x of rank >= 2 (..., R, C), got shape {x.shape}")
-    one = jnp.ones((), jnp.float32)
-    ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
-                    jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
-    rv, rs, cv, cs = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding), decoded=False)
+    rv, rs, cv, cs = _bind(x, row_fmt, col_fmt, rounding, row_ts, col_ts, decoded=False)
     lead = x.shape[:-2]
     row = None if row_fmt is None else _cooked(rv, rs, row_fmt, lead, x.shape[-1], row_ts)
     col = None if col_fmt is None else _cooked(cv, cs, col_fmt, lead, x.shape[-2], col_ts)
@@ -388,12 +393,7 @@ def decoded_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Form
         if fmt is not None and not isinstance(fmt, (MXFormat, NVFP4Format)):
             raise ValueError(f"decoded sides are MX or nvfp4 formats, got {fmt!r}: a block-FP8 GEMM reads its "
                              f"codes natively on every target")
-    if x.ndim < 2:
-        raise ValueError(f"decoded_pair needs x of rank >= 2 (..., R, C), got shape {x.shape}")
-    one = jnp.ones((), jnp.float32)
-    ts = jnp.stack([jnp.asarray(row_ts if row_ts is not None else one, jnp.float32).reshape(()),
-                    jnp.asarray(col_ts if col_ts is not None else one, jnp.float32).reshape(())])
-    rv, _, cv, _ = quantize_p.bind(x, ts, row=(row_fmt, rounding), col=(col_fmt, rounding), decoded=True)
+    rv, _, cv, _ = _bind(x, row_fmt, col_fmt, rounding, row_ts, col_ts, decoded=True)
     lead = x.shape[:-2]
     row = None if row_fmt is None else Decoded(rv.reshape(lead + rv.shape[-2:]),
                                                row_ts if isinstance(row_fmt, NVFP4Format) else None)

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_blockscale import get_format, quantize_primitive as qp
-from jax_blockscale.quantize import BlockScaledArray, dequantize, nvfp4_tensor_scale
+from jax_blockscale import quantize_primitive as qp
+from jax_blockscale.quantize import BlockScaledArray, dequantize
 from jax_blockscale.recipes import get_recipe, quantized_dense
 
+from _gluon_quant import PAIRS, compute_capability, sm90, tensor_scales  # noqa: F401 (sm90: autouse)
 from _quant_inputs import DTYPES, special_array
 
 pytestmark = [
@@ -24,41 +25,14 @@ pytestmark = [
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
 ]
 
-F = get_format
-PAIRS = {
-    "mxfp8+T": (F("mxfp8"), F("mxfp8")),
-    "nvfp4+T": (F("nvfp4"), F("nvfp4")),
-    "nvfp4+mxfp8T": (F("nvfp4"), F("mxfp8")),
-    "mxfp4+T": (F("mxfp4"), F("mxfp4")),
-    "e5m2+e2m3T": (F("mxfp8_e5m2"), F("mxfp6_e2m3")),
-    "e3m2+nvfp4T": (F("mxfp6_e3m2"), F("nvfp4")),
-    "nvfp4": (F("nvfp4"), None),
-    "mxfp8T": (None, F("mxfp8")),
-}
-
-
-def _cc() -> int:
-    return int(float(jax.devices()[0].compute_capability) * 10)
-
-
-@pytest.fixture(autouse=True)
-def _sm90():
-    if _cc() < 90:
-        pytest.skip("the Gluon kernel needs sm_90+")
-
-
-def _ts(x, pair, fixed=False):
-    if fixed:
-        return jnp.asarray([0.37, 3.0e-3], jnp.float32)
-    row, col = pair
-    return jnp.stack([nvfp4_tensor_scale(x) if row is not None and row.name == "nvfp4" else jnp.float32(1),
-                      nvfp4_tensor_scale(x, axis=-2) if col is not None and col.name == "nvfp4" else jnp.float32(1)])
+PAIRS = {k: PAIRS[k] for k in ("mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "mxfp4+T", "e5m2+e2m3T", "e3m2+nvfp4T",
+                              "nvfp4", "mxfp8T")}
 
 
 def _kernel(x, ts, pair, rounding):
     row, col = pair
-    launch = functools.partial(qp._launch, row=(row, rounding), col=(col, rounding), compute_capability=_cc(),
-                               decoded=True)
+    launch = functools.partial(qp._launch, row=(row, rounding), col=(col, rounding),
+                               compute_capability=compute_capability(), decoded=True)
     return [np.asarray(a) for a in jax.jit(launch)(x, ts)]
 
 
@@ -83,7 +57,7 @@ def _assert_same(got, want, what):
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_decoded_kernel_equals_jnp_on_special_inputs(pair, dtype):
     x = jnp.asarray(special_array((4096, 2560), dtype, 7))
-    ts = _ts(x, PAIRS[pair])
+    ts = tensor_scales(x, PAIRS[pair])
     _assert_same(_kernel(x, ts, PAIRS[pair], "rceil"), _want(x, ts, PAIRS[pair], "rceil"), f"{pair} {dtype}")
 
 
@@ -91,14 +65,14 @@ def test_decoded_kernel_equals_jnp_on_special_inputs(pair, dtype):
 @pytest.mark.parametrize("pair", ["mxfp8+T", "mxfp4+T", "e5m2+e2m3T"])
 def test_every_mx_rounding(pair, rounding):
     x = jnp.asarray(special_array((1024, 2048), "f32", 7))
-    ts = _ts(x, PAIRS[pair])
+    ts = tensor_scales(x, PAIRS[pair])
     _assert_same(_kernel(x, ts, PAIRS[pair], rounding), _want(x, ts, PAIRS[pair], rounding), f"{pair} {rounding}")
 
 
 @pytest.mark.parametrize("pair", ["nvfp4+T", "nvfp4+mxfp8T"])
 def test_fixed_tensor_scales(pair):
     x = jnp.asarray(special_array((2048, 1536), "bf16", 7))
-    ts = _ts(x, PAIRS[pair], fixed=True)
+    ts = tensor_scales(x, PAIRS[pair], fixed=True)
     _assert_same(_kernel(x, ts, PAIRS[pair], "rceil"), _want(x, ts, PAIRS[pair], "rceil"), pair)
 
 
@@ -106,7 +80,7 @@ def test_fixed_tensor_scales(pair):
 @pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+mxfp8T", "mxfp4+T", "nvfp4"])
 def test_ragged_and_batched_shapes(shape, pair):
     x = jnp.asarray(special_array(shape, "bf16", 7))
-    ts = _ts(x, PAIRS[pair])
+    ts = tensor_scales(x, PAIRS[pair])
     _assert_same(_kernel(x, ts, PAIRS[pair], "rceil"), _want(x, ts, PAIRS[pair], "rceil"), f"{shape} {pair}")
 
 
@@ -116,7 +90,7 @@ def test_decoded_values_are_the_kernels_codes_decoded(pair):
     writes."""
     row, col = PAIRS[pair]
     x = jnp.asarray(special_array((1024, 1536), "bf16", 9))
-    ts = _ts(x, PAIRS[pair])
+    ts = tensor_scales(x, PAIRS[pair])
     got = _kernel(x, ts, PAIRS[pair], "rceil")
     r, c = jax.jit(lambda x: qp.quantize_pair(x, row, col, row_ts=ts[0], col_ts=ts[1]))(x)
     for fmt, q, g in ((row, r, got[0]), (col, c, got[2])):

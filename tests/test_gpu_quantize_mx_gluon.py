@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_blockscale import get_format, quantize_primitive as qp
+from jax_blockscale import quantize_primitive as qp
 from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
 
+from _gluon_quant import PAIRS, compute_capability, sm90, tensor_scales  # noqa: F401 (sm90: autouse)
 from _quant_inputs import DTYPES, assert_same_outputs, code_bits, special_array
 
 pytestmark = [
@@ -26,52 +27,17 @@ pytestmark = [
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU"),
 ]
 
-F = get_format
-# (row, column) pairs: the recipes' (mxfp8 both ways; nvfp4 rows with mxfp8 or nvfp4 columns), every
-# element type on some side, and each side alone.
-PAIRS = {
-    "mxfp8+T": (F("mxfp8"), F("mxfp8")),
-    "nvfp4+T": (F("nvfp4"), F("nvfp4")),
-    "nvfp4+mxfp8T": (F("nvfp4"), F("mxfp8")),
-    "mxfp4+T": (F("mxfp4"), F("mxfp4")),
-    "e5m2+e2m3T": (F("mxfp8_e5m2"), F("mxfp6_e2m3")),
-    "e3m2+nvfp4T": (F("mxfp6_e3m2"), F("nvfp4")),
-    "nvfp4": (F("nvfp4"), None),
-    "mxfp8": (F("mxfp8"), None),
-    "mxfp4": (F("mxfp4"), None),
-    "mxfp8T": (None, F("mxfp8")),
-    "nvfp4T": (None, F("nvfp4")),
-}
 ROUNDINGS = ("rceil", "floor", "ceil", "even")
-
-
-def _cc() -> int:
-    return int(float(jax.devices()[0].compute_capability) * 10)
-
-
-@pytest.fixture(autouse=True)
-def _sm90():
-    if _cc() < 90:
-        pytest.skip("the Gluon kernel needs sm_90+")
 
 
 def _input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return special_array(shape, dtype, 7)
 
 
-def _ts(x, pair, fixed: bool):
-    """The (row, column) tensor scales: the data's (`nvfp4_tensor_scale` along each side's axis) or fixed."""
-    if fixed:
-        return jnp.asarray([0.37, 3.0e-3], jnp.float32)
-    row, col = pair
-    return jnp.stack([nvfp4_tensor_scale(x) if row is not None and row.name == "nvfp4" else jnp.float32(1),
-                      nvfp4_tensor_scale(x, axis=-2) if col is not None and col.name == "nvfp4" else jnp.float32(1)])
-
-
 def _run(x, ts, pair, rounding, kernel, **config):
     row, col = pair
-    launch = functools.partial(qp._launch, row=(row, rounding), col=(col, rounding), compute_capability=_cc(),
-                               kernel=kernel, **config)
+    launch = functools.partial(qp._launch, row=(row, rounding), col=(col, rounding),
+                               compute_capability=compute_capability(), kernel=kernel, **config)
     return [np.asarray(a) for a in jax.jit(launch)(x, ts)]
 
 
@@ -85,7 +51,7 @@ def _want(x, ts, pair, rounding):
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_gluon_equals_jnp_and_triton_on_special_inputs(pair, dtype):
     x = jnp.asarray(_input((4096, 2560), dtype))
-    ts = _ts(x, PAIRS[pair], fixed=False)
+    ts = tensor_scales(x, PAIRS[pair], fixed=False)
     got = _run(x, ts, PAIRS[pair], "rceil", "gluon")
     assert_same_outputs(got, _want(x, ts, PAIRS[pair], "rceil"), f"gluon vs jnp {pair} {dtype}")
     assert_same_outputs(got, _run(x, ts, PAIRS[pair], "rceil", "triton"), f"gluon vs triton {pair} {dtype}")
@@ -95,7 +61,7 @@ def test_gluon_equals_jnp_and_triton_on_special_inputs(pair, dtype):
 @pytest.mark.parametrize("pair", ["mxfp8+T", "mxfp4+T", "e5m2+e2m3T", "e3m2+nvfp4T"])
 def test_every_mx_rounding(pair, rounding):
     x = jnp.asarray(_input((1024, 2048), "f32"))
-    ts = _ts(x, PAIRS[pair], fixed=False)
+    ts = tensor_scales(x, PAIRS[pair], fixed=False)
     assert_same_outputs(_run(x, ts, PAIRS[pair], rounding, "gluon"), _want(x, ts, PAIRS[pair], rounding),
                  f"{pair} {rounding}")
 
@@ -103,7 +69,7 @@ def test_every_mx_rounding(pair, rounding):
 @pytest.mark.parametrize("pair", ["nvfp4+T", "nvfp4+mxfp8T", "nvfp4T"])
 def test_fixed_tensor_scales(pair):
     x = jnp.asarray(_input((2048, 1536), "bf16"))
-    ts = _ts(x, PAIRS[pair], fixed=True)
+    ts = tensor_scales(x, PAIRS[pair], fixed=True)
     assert_same_outputs(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), pair)
 
 
@@ -111,7 +77,7 @@ def test_fixed_tensor_scales(pair):
 @pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "mxfp4", "nvfp4T"])
 def test_gluon_pads_ragged_and_batched_shapes(shape, pair):
     x = jnp.asarray(_input(shape, "bf16"))
-    ts = _ts(x, PAIRS[pair], fixed=False)
+    ts = tensor_scales(x, PAIRS[pair], fixed=False)
     assert_same_outputs(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), f"{shape} {pair}")
 
 
@@ -121,7 +87,7 @@ def test_launch_variants_give_the_samecode_bits(pair):
     from benchmarks.quant_variants import gluon_mx_variants
 
     x = jnp.asarray(_input((1000, 2100), "bf16"))
-    ts = _ts(x, PAIRS[pair], fixed=False)
+    ts = tensor_scales(x, PAIRS[pair], fixed=False)
     want = _want(x, ts, PAIRS[pair], "rceil")
     for variant in gluon_mx_variants(*PAIRS[pair]):
         assert_same_outputs(_run(x, ts, PAIRS[pair], "rceil", "gluon", **variant), want, f"{pair} {variant}")

@@ -37,6 +37,13 @@ tests/test_gpu_quantize_mx_gluon.py compares the bits on the GPU with the jnp qu
 kernel's; tests/test_lowering_quantize_mx_gluon.py checks dispatch and instructions on the CPU (Gluon
 kernels do not run in Triton's interpreter); tests/test_e2m1_ptx.py checks the e2m1 encoder through a PTX
 emulator.
+
+DECODED (the MX / nvfp4 recipes' GEMM inputs on Hopper, `quantize_primitive.decoded_pair`): the same pass
+writes each side's values dequantized to bf16 instead of codes and scales, decoded from the codes it just
+encoded (8-bit ones by the hardware's e4m3x2 / e5m2x2 -> f16x2 conversion, the others from their bits),
+times the block scale in float32 (exact), one rounding to bf16. H100 (2026-11-24, `DECODED_CONFIGS`): mxfp8 +
+transposed 0.70x, nvfp4 + transposed mxfp8 0.88x, counting the bf16 written; tests/test_gpu_quantize_decoded.py
+compares the bits with the jnp path's.
 """
 
 from __future__ import annotations
@@ -417,9 +424,10 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
     """Runs the kernel on x3 (B, R, C) for `why_not`-approved sides; ts: (2,) float32 tensor scales (row,
     column; nvfp4 sides read theirs); out_shapes: the quantization plan's four (shape, dtype) outputs
     (`quantize_kernels.plan`), which this kernel fills in the same layouts. cvt: "hw" only (NVIDIA inline
-    PTX: the sm_89+ fp8 conversion, the e2m1 pair encoder). decoded: out_shapes are the decoded plan's
-    (`quantize_primitive.decoded_shapes`) and the kernel writes dequantized bf16 values. config: `CONFIG_KEYS` overriding
-    `default_config` (benchmarks/quant_variants.py)."""
+    PTX: the sm_89+ fp8 conversion, the e2m1 pair encoder). decoded: the kernel writes dequantized bf16
+    values instead (out_shapes from `quantize_primitive.out_shapes(..., decoded=True)`; settings from
+    `DECODED_CONFIGS` first). config: `CONFIG_KEYS` overriding `default_config`
+    (benchmarks/quant_variants.py)."""
     if cvt != "hw":
         raise ValueError(f"the Gluon MX kernel encodes with NVIDIA inline PTX (cvt 'hw'), got {cvt!r}")
     unknown = set(config) - set(CONFIG_KEYS)
