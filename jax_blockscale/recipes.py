@@ -42,8 +42,9 @@ GEMM inputs (`Recipe.gemm_inputs`): Hopper has no tensor-core instruction that t
 so there a large MX / nvfp4 GEMM decodes both operands to bf16 (one XLA pass each) before a bf16 GEMM. With
 "decoded" the recipe asks the quantization kernel for those bf16 values instead of codes and scales (the
 same single pass, 2 bytes written per element and side instead of about 1;
-`quantize_primitive.decoded_pair`), and the three GEMMs are XLA's bf16 dots, times nvfp4's tensor scales:
-the same values as the codes path, whose decode pass is gone. Residuals are then bf16 (2 bytes per element,
+`quantize_primitive.decoded_pair`), and the three GEMMs are XLA's bf16 dots, times nvfp4's tensor scales
+(on a bf16 product: one more bf16 rounding than the codes path, see `_gemm`): the same values as the codes
+path, whose decode pass is gone. Residuals are then bf16 (2 bytes per element,
 as the bf16 baseline's). "codes" keeps codes and scales everywhere (native block-scaled MMAs on sm_100 and
 gfx950 read them). "auto", the default: "decoded" when the first JAX device is an NVIDIA sm_90 GPU and every
 quantized operand is MX or nvfp4, else "codes". A pre-quantized (frozen) weight is codes either way. By name:
