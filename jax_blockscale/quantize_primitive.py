@@ -35,7 +35,7 @@ from .formats import Format, MXFormat, NVFP4Format
 from .quantize import BlockScaledArray, dequantize, quantize_jnp
 
 __all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p", "Decoded",
-           "decoded_pair", "decoded_sides"]
+           "decoded_pair"]
 
 quantize_p = jcore.Primitive("blockscaled_quantize")
 quantize_p.multiple_results = True
@@ -343,24 +343,36 @@ def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = 
     return quantize_sides(x, row, col, rounding)
 
 
-def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str):
+def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str, *,
+                   decoded: bool = False):
     """`quantize_with_transpose` for resolved formats: the fused pair where it applies, else two jnp calls
-    (a format the kernel does not take, an empty input, Explicit-axis sharding)."""
+    (a format the kernel does not take, an empty input, Explicit-axis sharding). decoded: each side as
+    `Decoded` bf16 values (`decoded_pair`; MX / nvfp4 formats only) instead of a BlockScaledArray."""
     from . import _explicit
     from .api import quantize_operand
     from .quantize import nvfp4_tensor_scale
 
     if row is None and col is None:
         return None, None
+    if decoded:
+        _check_decodable(row, col)
     xt = jnp.swapaxes(x, -1, -2)
     fused = (USE_KERNEL and x.size > 0 and kernel_path(row) is None and kernel_path(col) is None
              and _explicit.explicit_sharding(x) is None)
     if not fused:
-        return (None if row is None else quantize_operand(x, row, side="a", rounding=rounding),
-                None if col is None else quantize_operand(xt, col, side="a", rounding=rounding))
+        def one(xs, fmt):
+            if fmt is None:
+                return None
+            q = quantize_operand(xs, fmt, side="a", rounding=rounding)
+            if not decoded:
+                return q
+            return Decoded(_canonical_nan(_explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)),
+                           q.tensor_scale)
+        return one(x, row), one(xt, col)
     row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
     col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
-    return quantize_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
+    pair = decoded_pair if decoded else quantize_pair
+    return pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -381,6 +393,13 @@ class Decoded:
     tensor_scale: Optional[jax.Array] = None
 
 
+def _check_decodable(row: Optional[Format], col: Optional[Format]) -> None:
+    for fmt in (row, col):
+        if fmt is not None and not isinstance(fmt, (MXFormat, NVFP4Format)):
+            raise ValueError(f"decoded sides are MX or nvfp4 formats, got {fmt!r}: a block-FP8 GEMM reads its "
+                             f"codes natively on every target")
+
+
 def decoded_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Format], *, rounding: str = "rceil",
                  row_ts=None, col_ts=None) -> tuple[Optional[Decoded], Optional[Decoded]]:
     """`quantize_pair`, decoded: (Decoded of x along C (..., R, C), Decoded of x along R stored transposed
@@ -389,10 +408,7 @@ def decoded_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Form
     On one CUDA device with sm_90+ the Gluon MX kernel writes the bf16 values in the same single pass that
     would write codes (`_triton/quantize_mx_gluon.py`, DECODED); elsewhere XLA runs the jnp quantizer and
     `dequantize`. Bit-identical either way (tests/test_gpu_quantize_decoded.py)."""
-    for fmt in (row_fmt, col_fmt):
-        if fmt is not None and not isinstance(fmt, (MXFormat, NVFP4Format)):
-            raise ValueError(f"decoded sides are MX or nvfp4 formats, got {fmt!r}: a block-FP8 GEMM reads its "
-                             f"codes natively on every target")
+    _check_decodable(row_fmt, col_fmt)
     rv, _, cv, _ = _bind(x, row_fmt, col_fmt, rounding, row_ts, col_ts, decoded=True)
     lead = x.shape[:-2]
     row = None if row_fmt is None else Decoded(rv.reshape(lead + rv.shape[-2:]),
@@ -400,27 +416,3 @@ def decoded_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[Form
     col = None if col_fmt is None else Decoded(cv.reshape(lead + cv.shape[-2:]),
                                                col_ts if isinstance(col_fmt, NVFP4Format) else None)
     return row, col
-
-
-def decoded_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str):
-    """`quantize_sides`, decoded (`decoded_pair`): the fused pair where it applies, else the jnp quantizer
-    per side (an empty input, Explicit-axis sharding) and `dequantize`."""
-    from . import _explicit
-    from .api import quantize_operand
-    from .quantize import nvfp4_tensor_scale
-
-    if row is None and col is None:
-        return None, None
-    row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
-    col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
-    if USE_KERNEL and x.size > 0 and _explicit.explicit_sharding(x) is None:
-        return decoded_pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
-
-    def one(xs, fmt):
-        if fmt is None:
-            return None
-        q = quantize_operand(xs, fmt, side="a", rounding=rounding)
-        values = _explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)
-        return Decoded(_canonical_nan(values), q.tensor_scale)
-
-    return one(x, row), one(jnp.swapaxes(x, -1, -2), col)

@@ -72,7 +72,7 @@ from .api import matmul, quantize_operand
 from .formats import (DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, format_family,
                       format_for_side)
 from .quantize import ROUNDING_MODES, BlockScaledArray
-from .quantize_primitive import Decoded, decoded_sides, quantize_sides
+from .quantize_primitive import Decoded, quantize_sides
 
 __all__ = ["Recipe", "RecipeLike", "RECIPES", "RECIPE_NAMES", "GEMM_INPUTS", "get_recipe", "recipe_matmul",
            "quantized_dense", "quantize_weight", "WEIGHT_NAME", "INPUT_NAME", "checkpoint_policy"]
@@ -223,7 +223,7 @@ def _quantize(x: jax.Array, fmt: Optional[Format], rounding: str):
 def _sides(s: "_Static", x: jax.Array, row: Optional[Format], col: Optional[Format]):
     """x quantized along its last axis (row) and its second last (col, stored transposed), from one read:
     BlockScaledArrays, or Decoded bf16 values when the recipe's GEMMs take them here (`Recipe.decodes`)."""
-    return (decoded_sides if s.decoded else quantize_sides)(x, row, col, s.recipe.rounding)
+    return quantize_sides(x, row, col, s.recipe.rounding, decoded=s.decoded)
 
 
 def _t(x: jax.Array) -> jax.Array:

@@ -1,6 +1,6 @@
 """Recipes with decoded GEMM inputs (`Recipe.gemm_inputs`), on the CPU: the quantization's bf16 values
-(`quantize_primitive.decoded_sides`) against `dequantize` of the codes, training gradients against the codes
-path, the choice "auto" makes, errors, and what a decoded training step lowers to for Hopper (the Gluon
+(`quantize_primitive.quantize_sides(..., decoded=True)`) against `dequantize` of the codes, training
+gradients against the codes path, the choice "auto" makes, errors, and what a decoded training step lowers to for Hopper (the Gluon
 quantizer writing bf16, XLA dots, no dequantize pass, no Triton GEMM). The kernel's bits are tested on the
 GPU (tests/test_gpu_quantize_decoded.py)."""
 
@@ -36,7 +36,7 @@ def _bits(a) -> np.ndarray:
 def test_decoded_sides_are_the_dequantized_codes(pair, shape):
     x = jnp.asarray(special_array(shape, "f32", 11))
     row, col = PAIRS[pair]
-    got = jax.jit(lambda x: qp.decoded_sides(x, row, col, "floor"))(x)
+    got = jax.jit(lambda x: qp.quantize_sides(x, row, col, "floor", decoded=True))(x)
     for fmt, xs, d in ((row, x, got[0]), (col, jnp.swapaxes(x, -1, -2), got[1])):
         if fmt is None:
             assert d is None
@@ -61,7 +61,7 @@ def test_decoded_values_are_exact_in_bf16():
     """Elements times block scales need at most 5 significant bits: the bf16 values are the float32 ones."""
     x = jnp.asarray(RNG.standard_normal((64, 256)), jnp.float32)
     for fmt in (F("mxfp8"), F("mxfp8_e5m2"), F("mxfp6_e2m3"), F("mxfp4"), F("nvfp4")):
-        d, _ = qp.decoded_sides(x, fmt, None, "rceil")
+        d, _ = qp.quantize_sides(x, fmt, None, "rceil", decoded=True)
         q = quantize_jnp(x, fmt, axis=-1, rounding="rceil",
                          tensor_scale=nvfp4_tensor_scale(x) if fmt.name == "nvfp4" else None)
         want = dequantize(q, jnp.float32)
@@ -70,7 +70,7 @@ def test_decoded_values_are_exact_in_bf16():
 
 
 def test_vmap_folds_into_one_quantization():
-    f = lambda x: qp.decoded_sides(x, F("mxfp8"), F("mxfp8"), "rceil")  # noqa: E731
+    f = lambda x: qp.quantize_sides(x, F("mxfp8"), F("mxfp8"), "rceil", decoded=True)  # noqa: E731
     got = jax.vmap(f)(X)
     want = [f(x) for x in X]
     for side in (0, 1):
@@ -79,9 +79,26 @@ def test_vmap_folds_into_one_quantization():
     assert text.count("blockscaled_quantize") == 1 and "decoded=True" in text
 
 
+def test_unfused_sides_give_the_same_bits(monkeypatch):
+    """Where the primitive does not apply (Explicit-axis sharding, empty x; here forced), each side is the jnp
+    quantizer and `dequantize`, with the same bits and tensor scales as the primitive's."""
+    x = jnp.asarray(special_array((64, 96), "bf16", 4))
+    row, col = PAIRS["nvfp4+mxfp8T"]
+    fused = qp.quantize_sides(x, row, col, "rceil", decoded=True)
+    monkeypatch.setattr(qp, "USE_KERNEL", False)
+    unfused = qp.quantize_sides(x, row, col, "rceil", decoded=True)
+    for f, u in zip(fused, unfused):
+        np.testing.assert_array_equal(_bits(u.values), _bits(f.values))
+        assert (u.tensor_scale is None) == (f.tensor_scale is None)
+        if f.tensor_scale is not None:
+            np.testing.assert_array_equal(np.asarray(u.tensor_scale), np.asarray(f.tensor_scale))
+
+
 def test_decoded_pair_refuses_block_fp8():
     with pytest.raises(ValueError, match="MX or nvfp4"):
         qp.decoded_pair(X[0], F("fp8_block", block=(1, 128)), None)
+    with pytest.raises(ValueError, match="MX or nvfp4"):
+        qp.quantize_sides(X[0], None, F("fp8_block", block=(128, 128)), "rceil", decoded=True)
 
 
 # ------------------------------------------------------------------------------------------- the recipes

@@ -203,28 +203,27 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
             else:
                 gl.store(rs_ptr + batch * (R * (R_CQ // RB)) + rows[:, None] * (R_CQ // RB) + blk, scales,
                          mask=(rows[:, None] < R) & (blk < R_CQ // RB))
-            if DECODED and R_EPB == 2:
+            if R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
                 lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
                 slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
-                values = gl.convert_layout(_pair_values(_encode_e2m1_pairs(lo, hi, slo, shi), [SR, NB, RB],
-                                                        [0, 1, 2, 3]), ROWS)
-            elif DECODED:
-                codes = _encode_elements(scaled, sign_src, "hw", R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
-                values = _element_values(codes, R_NBITS, R_MBITS)
-            elif R_EPB == 2:  # two 4-bit codes per byte, the even element in the low nibble
-                lo, hi = _pairs(scaled, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
-                slo, shi = _pairs(sign_src, [SR, NB, RB // 2, 2], [0, 1, 2, 3])
-                packed = gl.convert_layout(_encode_e2m1_pairs(lo, hi, slo, shi), PAIRS)
-                rows_p = r0 + s * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, gl.SliceLayout(2, PAIRS)))
-                bb_p = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, PAIRS)))
-                ee_p = gl.arange(0, RB // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PAIRS)))
-                bytes_ = c0 // 2 + bb_p[None, :, None] * (RB // 2) + ee_p[None, None, :]
-                gl.store(rv_ptr + batch * (R * (R_CQ // 2)) + rows_p[:, None, None] * (R_CQ // 2) + bytes_, packed,
-                         mask=(rows_p[:, None, None] < R) & (bytes_ < R_CQ // 2))
+                packed = _encode_e2m1_pairs(lo, hi, slo, shi)
+                if DECODED:
+                    values = gl.convert_layout(_pair_values(packed, [SR, NB, RB], [0, 1, 2, 3]), ROWS)
+                else:
+                    packed = gl.convert_layout(packed, PAIRS)
+                    rows_p = r0 + s * SR + gl.arange(0, SR, layout=gl.SliceLayout(1, gl.SliceLayout(2, PAIRS)))
+                    bb_p = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, PAIRS)))
+                    ee_p = gl.arange(0, RB // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PAIRS)))
+                    bytes_ = c0 // 2 + bb_p[None, :, None] * (RB // 2) + ee_p[None, None, :]
+                    gl.store(rv_ptr + batch * (R * (R_CQ // 2)) + rows_p[:, None, None] * (R_CQ // 2) + bytes_,
+                             packed, mask=(rows_p[:, None, None] < R) & (bytes_ < R_CQ // 2))
             else:
                 codes = _encode_elements(scaled, sign_src, "hw", R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS)
-                gl.store(rv_ptr + batch * (R * R_CQ) + rows[:, None, None] * R_CQ + cols, codes,
-                         mask=(rows[:, None, None] < R) & (cols < R_CQ))
+                if DECODED:
+                    values = _element_values(codes, R_NBITS, R_MBITS)
+                else:
+                    gl.store(rv_ptr + batch * (R * R_CQ) + rows[:, None, None] * R_CQ + cols, codes,
+                             mask=(rows[:, None, None] < R) & (cols < R_CQ))
             if DECODED:
                 gl.store(rv_ptr + batch * (R * C) + rows[:, None, None] * C + cols, _bf16_values(values, scale_v),
                          mask=(rows[:, None, None] < R) & (cols < C))
