@@ -44,9 +44,10 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E40
 
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import launch as scratch  # noqa: E402
-from jax_blockscale._triton.decode import split_k_workspace  # noqa: E402
+from jax_blockscale._triton.decode import split_k_workspace, tensor_scale_operands  # noqa: E402
 from jax_blockscale._triton.decode_wgmma import (_bytes_layout, _decode, _slots, _stage_activations,  # noqa: E402
-                                                 _weight_layout, split_k_epilogue)
+                                                 _weight_layout, check_rows_and_k_steps, split_k_epilogue)
+from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 
 KINDS = {"mxfp4": "e2m1", "nvfp4": "nvfp4"}
 DEFAULT_CONFIGS = ",".join(f"w{w}:k{c}:s{s}" for w in (1, 2, 4) for c in (128, 256) for s in (8, 16, 32))
@@ -105,35 +106,33 @@ def decode_mma_sync_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_
     split_k_epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, False, MMA)
 
 
-class Config:
-    """Launch settings: warps (16 weight rows each), K codes per step, K splits; rows padded to 8 or 16."""
-
-    def __init__(self, num_warps: int, chunk: int, split_k: int, rows: int):
-        self.num_warps, self.block_k, self.split_k = num_warps, chunk, split_k
-        self.block_m = 8 if rows <= 8 else 16
-        self.atomic_split_k = False  # split_k_workspace's field: the deterministic reduction
-
-    @classmethod
-    def parse(cls, spec: str, rows: int) -> "Config":
-        """'w4:k256:s8' -> 4 warps, 256-code steps, 8 K splits."""
-        vals = {t[0]: int(t[1:]) for t in spec.split(":")}
-        return cls(vals["w"], vals["k"], vals["s"], rows)
-
-    def __repr__(self) -> str:
-        return f"m{self.block_m} w{self.num_warps} k{self.block_k} s{self.split_k}"
+BLOCK_MS = (8, 16)  # the activation rows padded to mma's n8, or two n8 blocks
+CHUNKS = (128, 256)
 
 
-def launch(x: jax.Array, w: "jb.BlockScaledArray", cfg: Config, out_dtype=jnp.bfloat16) -> jax.Array:
-    """x (M, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (M, N)."""
+def parse_config(spec: str, rows: int) -> TileConfig:
+    """'w4:k256:s8' -> 4 warps (16 weight rows each), 256-code K steps, 8 K splits; rows padded to 8 or 16."""
+    vals = {t[0]: int(t[1:]) for t in spec.split(":")}
+    return TileConfig(block_m=8 if rows <= 8 else 16, block_n=16 * vals["w"], block_k=vals["k"], group_m=1,
+                      num_warps=vals["w"], num_stages=1, split_k=vals["s"])
+
+
+def describe(cfg: TileConfig) -> str:
+    return f"m{cfg.block_m} w{cfg.num_warps} k{cfg.block_k} s{cfg.split_k}"
+
+
+def launch(x: jax.Array, w: "jb.BlockScaledArray", cfg: TileConfig, out_dtype=jnp.bfloat16) -> jax.Array:
+    """x (M, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (M, N), checked as
+    decode_wgmma's launches are (`check_rows_and_k_steps`)."""
     rows, (n, k) = x.shape[0], w.shape
     kind = KINDS[w.fmt.name]
-    if rows > 16 or k % (cfg.block_k * cfg.split_k):
-        raise ValueError(f"{cfg!r}: at most 16 rows and K ({k}) a multiple of block_k * split_k")
-    ts = jnp.asarray(1.0 if w.tensor_scale is None else w.tensor_scale, jnp.float32)
+    check_rows_and_k_steps(GemmProblem(1, False, rows, n, k, "bf16", kind, "bf16"), cfg, "the mma.sync experiment",
+                           BLOCK_MS, CHUNKS, "the chunk of K per step")
+    a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)  # nvfp4's in the kernel
     ws_shape, zeroed = split_k_workspace(rows, n, cfg)
-    n_tiles = triton.cdiv(n, 16 * cfg.num_warps)
+    n_tiles = triton.cdiv(n, cfg.block_n)
     out, _, _ = scratch.scratch_call(
-        decode_mma_sync_kernel, w.values, w.scales, x, x, jnp.ones((), jnp.float32), ts,
+        decode_mma_sync_kernel, w.values, w.scales, x, x, a_ts, b_ts,
         out_shape=[jax.ShapeDtypeStruct((rows, n), out_dtype), jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if cfg.split_k > 1 else 1,), jnp.int32)],
         zeroed_outputs=zeroed, grid=(n_tiles, cfg.split_k), num_warps=cfg.num_warps, num_stages=1,
@@ -170,16 +169,16 @@ def main(argv=None) -> None:
                 print(f"{row} dispatch: {jb.explain(x, ws[0], rows=m).kernel} | {disp:.2f} | {read / disp:.0%} | "
                       f"{xla / disp:.2f}x | 1.00x | |", flush=True)
                 for spec in a.configs.split(","):
-                    cfg = Config.parse(spec, m)
+                    cfg = parse_config(spec, m)
                     if k % (cfg.block_k * cfg.split_k):
                         continue
                     out = np.asarray(jax.jit(lambda x, w: launch(x, w, cfg, jnp.float32))(x, ws[0]), np.float64)
                     err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
                     if not err < 1e-4:
-                        print(f"{row} {cfg!r} | wrong | | | | {err:.1e} |")
+                        print(f"{row} {describe(cfg)} | wrong | | | | {err:.1e} |")
                         continue
                     us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, cfg)), [(x, w) for w in ws], torch)
-                    print(f"{row} {cfg!r} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
+                    print(f"{row} {describe(cfg)} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
                           f"{err:.1e} |", flush=True)
 
 

@@ -28,10 +28,12 @@ def test_weight_goes_from_global_loads_into_mma_sync_operands(w_kind, bm, chunk)
 
 
 def test_config_and_launch_checks():
-    cfg = dm.Config.parse("w2:k128:s16", rows=9)
-    assert (cfg.num_warps, cfg.block_k, cfg.split_k, cfg.block_m) == (2, 128, 16, 16)
+    cfg = dm.parse_config("w2:k128:s16", rows=9)
+    assert (cfg.num_warps, cfg.block_n, cfg.block_k, cfg.split_k, cfg.block_m) == (2, 32, 128, 16, 16)
     w = jb.quantize_operand(jnp.ones((64, 512)), "mxfp4", side="b")
-    with pytest.raises(ValueError, match="multiple of block_k"):
-        dm.launch(jnp.ones((1, 512), jnp.bfloat16), w, dm.Config.parse("w4:k256:s4", rows=1))
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        dm.launch(jnp.ones((17, 512), jnp.bfloat16), w, dm.Config.parse("w4:k256:s1", rows=17))
+    with pytest.raises(ValueError, match=r"multiple of block_k \* split_k"):
+        dm.launch(jnp.ones((1, 512), jnp.bfloat16), w, dm.parse_config("w4:k256:s4", rows=1))
+    with pytest.raises(ValueError, match="pads the activation rows"):
+        dm.launch(jnp.ones((17, 512), jnp.bfloat16), w, dm.parse_config("w4:k256:s1", rows=17))
+    with pytest.raises(ValueError, match="block_k"):
+        dm.launch(jnp.ones((1, 512), jnp.bfloat16), w, dm.parse_config("w4:k64:s1", rows=1))
