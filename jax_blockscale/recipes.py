@@ -240,7 +240,7 @@ def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
         return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
     if isinstance(a, Decoded) or isinstance(b, Decoded):
         # The bf16 values are exact (quantize_primitive.Decoded): their dot with fp32 accumulation is the
-        # codes path's GEMM up to summation order; nvfp4's tensor scales multiply the fp32 product.
+        # codes path's GEMM up to summation order; nvfp4's tensor scales multiply the product (below).
         scales = [t.tensor_scale for t in (a, b) if isinstance(t, Decoded) and t.tensor_scale is not None]
         a, b = (t.values if isinstance(t, Decoded) else t for t in (a, b))
         if scales:
