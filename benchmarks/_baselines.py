@@ -121,8 +121,14 @@ def _f32_dot(a: jax.Array, b: jax.Array) -> jax.Array:
                            preferred_element_type=F32)
 
 
+# The XLA baselines are the dot a JAX user writes, `x @ w.T` on bf16 operands: a bf16 product (cuBLAS
+# accumulates in fp32 and rounds once on output). Until 2026-11-24 they asked for an fp32 product and cast it
+# (`preferred_element_type=F32).astype(BF16)`), which XLA runs as a separate convert kernel or picks another
+# GEMM for: on an H100 that made the baseline 6-10% slower at 8192^3 and the Llama shapes and 21% slower at
+# 4096 x 7168 x 2048 (a Triton gemm fusion instead of cuBLAS), 0-6% at decode sizes, so every ratio against
+# "XLA bf16" or "XLA dequant+dot" measured before then flatters us by that much.
 def xla_bf16(a: jax.Array, b: jax.Array) -> jax.Array:
-    return lax.dot_general(a, b, NT, preferred_element_type=F32).astype(BF16)
+    return lax.dot_general(a, b, NT)
 
 
 def xla_bf16_ref(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -150,7 +156,7 @@ def _as_bf16(x) -> jax.Array:
 
 
 def xla_dequant(a, b) -> jax.Array:
-    return lax.dot_general(_as_bf16(a), _as_bf16(b), NT, preferred_element_type=F32).astype(BF16)
+    return lax.dot_general(_as_bf16(a), _as_bf16(b), NT)  # bf16 product, as xla_bf16
 
 
 def jax_scaled_matmul(a: jb.BlockScaledArray, b: jb.BlockScaledArray) -> jax.Array:

@@ -1,15 +1,19 @@
-"""Large-M MX / nvfp4 GEMMs on Hopper: the in-kernel decode (`_triton/hopper_mx.py`) and its variants
-against the old XLA-predecode path, XLA bf16 and XLA dequantize + dot, by kernel time (issue #13).
+"""Large-M MX / nvfp4 GEMMs on Hopper: the in-kernel decodes (`_triton/hopper_mx.py`, and for bf16
+activations `_triton/mx_gluon.py`) and their variants against the old XLA-predecode path, XLA bf16 and XLA
+dequantize + dot, by kernel time (issue #13).
 
     python -m benchmarks.mx_large_variants                    # defaults, < 4 min on an H100
     python -m benchmarks.mx_large_variants --formats mxfp8 --shapes 8192x8192x8192 \\
         --configs "128x256x64w8s3,128x256x64w8s4,128x128x128w8s4,128x128x32w8s4fp8"
+    python -m benchmarks.mx_large_variants --formats bf16xmxfp4,bf16xnvfp4 --configs "" --gluon 256x64s4,256x64s3
     python -m benchmarks.mx_large_variants --tiny             # tiny shapes: every path runs (CPU)
 
 Rows per (shape, format): XLA bf16 dot of the unquantized bf16 operands; XLA dequantize + bf16 dot of the
 same quantized operands; `old` (TileConfig(kernel="upcast"): XLA dequantizes both sides, then the bf16 TMA
 GEMM); `new <config>` for the default hopper_mx config and every --configs entry that fits the pair
-(fp8 entries only run mxfp8 x mxfp8). A config is `<BM>x<BN>x<BK>w<warps>s<stages>` plus optional
+(fp8 entries only run mxfp8 x mxfp8); and for bf16 activations, `gluon <config>` for every --gluon
+entry (`<BLOCK_X>x<BLOCK_K>s<stages>`: mx_gluon's activation rows per tile, K step and stages). A config is
+`<BM>x<BN>x<BK>w<warps>s<stages>` plus optional
 suffixes `fp8` (fp8 wgmma, one promotion per MX block), `ws` (warp_specialize), `noasm` (fp32 fp4 decode),
 `g<GROUP_M>`.
 
@@ -35,7 +39,7 @@ from typing import Optional  # noqa: E402
 import jax  # noqa: E402
 
 import jax_blockscale as jb  # noqa: E402
-from jax_blockscale._triton import hopper_mx, upcast  # noqa: E402
+from jax_blockscale._triton import hopper_mx, mx_gluon, upcast  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 from jax_blockscale.api import operand_kind  # noqa: E402
 
@@ -65,6 +69,18 @@ def parse_config(text: str) -> TileConfig:
                       warp_specialize="ws" in flags, asm_decode="noasm" not in flags, kernel="hopper_mx")
 
 
+_GLUON_RE = re.compile(r"(\d+)x(\d+)s(\d+)$")
+
+
+def parse_gluon(text: str) -> TileConfig:
+    """"256x64s4" -> TileConfig(kernel="mx_gluon", block_n=256, block_k=64, num_stages=4)."""
+    match = _GLUON_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"gluon config {text!r} is not <BLOCK_X>x<BLOCK_K>s<stages>")
+    bx, bk, stages = (int(g) for g in match.groups())
+    return TileConfig(block_m=128, block_n=bx, block_k=bk, num_warps=4, num_stages=stages, kernel="mx_gluon")
+
+
 def config_name(c: TileConfig) -> str:
     flags = ("fp8" if c.fp8_mma else "") + ("ws" if c.warp_specialize else "") + ("" if c.asm_decode else "noasm")
     group = "" if c.group_m == 8 else f"g{c.group_m}"
@@ -91,7 +107,7 @@ def _matmul_with(config: TileConfig):
     return lambda a, b: jb.matmul(a, b, out_dtype=bl.BF16, config=config)
 
 
-def run(shapes, formats, variants: list[TileConfig], cfg: TimingConfig) -> list[dict]:
+def run(shapes, formats, variants: list[TileConfig], cfg: TimingConfig, gluon: tuple = ()) -> list[dict]:
     rows: list[dict] = []
     for m, n, k in shapes:
         shape, flops = f"{m}x{n}x{k}", 2.0 * m * n * k
@@ -121,6 +137,14 @@ def run(shapes, formats, variants: list[TileConfig], cfg: TimingConfig) -> list[
                     continue
                 _row(rows, shape, fmt, f"new {config_name(c)}", bl.run_jax("new", _matmul_with(c), qs, bl.ours_ref, cfg),
                      flops)
+            for c in gluon if p.a_kind == "bf16" else ():
+                try:
+                    mx_gluon.check_config(p, c)
+                except ValueError as e:
+                    print(f"  gluon {c.block_n}x{c.block_k}s{c.num_stages} skipped: {e}", flush=True)
+                    continue
+                _row(rows, shape, fmt, f"gluon {c.block_n}x{c.block_k}s{c.num_stages}",
+                     bl.run_jax("gluon", _matmul_with(c), qs, bl.ours_ref, cfg), flops)
             del qs
         del dense
     return rows
@@ -152,6 +176,8 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS), help=f"subset of {sorted(FORMATS)}")
     ap.add_argument("--configs", default=DEFAULT_VARIANTS,
                     help="hopper_mx variants besides the default, e.g. 128x256x64w8s3ws,128x128x32w8s4fp8 ('' = none)")
+    ap.add_argument("--gluon", default="",
+                    help="mx_gluon configs for bf16-activation formats, e.g. 256x64s4,256x64s3 ('' = none)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, fixed repeats, no kernel time (CPU check)")
     ap.add_argument("--out", help="also write the markdown table to this file")
     args = ap.parse_args(argv)
@@ -175,7 +201,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jb.detect_target(device)}), jax {jax.__version__}", flush=True)
     t0 = time.time()
-    rows = run(shapes, args.formats.split(","), variants, cfg)
+    gluon = tuple(parse_gluon(c) for c in args.gluon.split(",") if c.strip())
+    rows = run(shapes, args.formats.split(","), variants, cfg, gluon)
     table = markdown(rows)
     print(f"\n{table}\n\n({time.time() - t0:.0f} s)")
     if args.out:

@@ -187,6 +187,14 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     min_size=PERSISTENT_BLOCK_FP8_MIN),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
+        KernelEntry("mx_gluon", frozenset(("bf16", w) for w in ("e2m1", NVFP4, "e4m3", "e5m2")), "upcast",
+                    "Hopper has no block-scaled MMA: warp-specialized Gluon kernel, the weight decoded in "
+                    "registers into wgmma's A operand (product transposed) while the other consumer's wgmma "
+                    "runs, bf16 activations by TMA; one kernel", min_rows=DECODE_MAX_ROWS + 1,
+                    opt_in="0.78-0.90x the upcast path below on an H100 (2026-11-24, kernel time, bf16 x "
+                           "mxfp4 / nvfp4 at 8192^3 and the Llama M = 4096 shapes; 0.70-0.76x XLA's bf16 dot): "
+                           "the in-register decode, repeated per activation tile, sets each K step's pace",
+                    named_configs_only=True),
         KernelEntry("hopper_mx", _UPCAST_PAIRS, "upcast",
                     "Hopper has no block-scaled MMA: packed tiles by TMA, decoded to bf16 in registers before "
                     "a bf16 wgmma, one kernel (no XLA dequantize pass)", min_rows=DECODE_MAX_ROWS + 1,
