@@ -17,22 +17,11 @@ from jax_blockscale._triton import mx_gluon
 from jax_blockscale._triton.problem import TileConfig
 from _matmul_checks import rel_err
 
+from test_gpu_hopper_mx import _hopper  # noqa: F401  (autouse: skips without an sm_90 GPU and jax-triton)
+
 pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng(11)
-ON_HOPPER = jax.default_backend() == "gpu" and jb.detect_target() == "sm_90"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _hopper():
-    if not ON_HOPPER:
-        pytest.skip("needs an sm_90 GPU")
-    from jax_blockscale._triton import jt
-
-    try:
-        jt.jax_triton()
-    except ImportError as e:
-        pytest.skip(str(e))
 
 
 def _operands(m, n, k, fb):

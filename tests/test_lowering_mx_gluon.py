@@ -9,9 +9,7 @@ opt-in and a config naming it lowers to its one kernel; its checks refuse what i
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 
@@ -24,6 +22,8 @@ from jax_blockscale import backends  # noqa: E402
 from jax_blockscale._triton import mx_gluon as mg  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
+
+from test_lowering_block_fp8_gluon import _ptxas  # noqa: E402
 
 _VALUE_TYPES = {"e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m1": "*u8", "nvfp4": "*u8"}
 KINDS = ("e2m1", "nvfp4", "e4m3", "e5m2")
@@ -40,16 +40,6 @@ def _compile(kind: str, config: TileConfig, out="bf16", n=8192):
                       NUM_SMS=132, STAGES=config.num_stages, W_KIND=kind, TMA_STORE=n % 8 == 0)
     return compile_kernel(mg.mx_gluon_kernel, target="sm_90", signature=sig, constexprs=constexprs, num_warps=4,
                           num_stages=config.num_stages, maxnreg=mg.MAX_REGISTERS)
-
-
-def _ptxas(ptx: str, tmp_path) -> str:
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    path = tmp_path / "k.ptx"
-    path.write_text(ptx)
-    out = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", os.devnull],
-                         capture_output=True, text=True, check=True)
-    return out.stderr
 
 
 @pytest.mark.parametrize("kind", KINDS)
