@@ -22,7 +22,8 @@ Config specs (`--configs`, comma-separated; tokens joined by ':'):
   tma            the old TMA kernel, 128 x 128, 8 warps, 4 stages
   ws             the persistent kernel's default (128 x 128, warp-specialized, 4 warps, 4 stages)
   p              the persistent kernel without warp specialization (8 warps unless :wN)
-  gluon          the Gluon kernel (warp-specialized, 128 x 256 tiles, 3 stages; block_fp8_gluon.py)
+  gluon          the Gluon kernel as dispatch configures it (block_fp8_gluon.default_config: 128 x 256 tiles,
+                 3 stages, or 128 x 128 tiles, 4 stages, where those need fewer waves of tiles)
 then modifiers: BMxBN tile (e.g. 128x64), wN warps, sN stages, gN group_m, smsN programs, rN registers per
 thread at most (PTX .maxnreg), flat (flatten
 the tile and K loops), pf (scales prefetched a K step ahead), at (activation scales transposed by XLA).

@@ -109,12 +109,20 @@ def gluon(capability):
 ])
 def test_gluon_kernel(gluon, capability, m, n, k, out, sms, tile):
     p = fp8(2, False, m, n, k, out)
-    config = gluon.default_config(p).replace(num_sms=sms)
+    config = gluon.WIDE_TILES.replace(num_sms=sms)  # tiny problems would get narrow tiles by default
     if "128x128" in tile:
         config = config.replace(block_n=128)
     if "s4" in tile:
         config = config.replace(num_stages=4)
     check(gluon, p, capability, config)
+
+
+def test_gluon_default_narrow_tiles_at_n_2112(gluon, capability):
+    """N = 2112 (DeepSeek-V3's q/kv down projection) at M = 2048: default_config picks 128 x 128 tiles
+    (fewer waves), and they give the reference's result through the dispatched path's launch."""
+    p = fp8(1, False, 2048, 2112, 1024)
+    assert gluon.default_config(p) == gluon.NARROW_TILES
+    check(gluon, p, capability)
 
 
 def test_gluon_full_k_matches_persistent_and_is_deterministic(gluon, persistent, capability):
@@ -127,21 +135,26 @@ def test_gluon_full_k_matches_persistent_and_is_deterministic(gluon, persistent,
     assert np.array_equal(np.asarray(new).view(np.uint16), np.asarray(again).view(np.uint16))
 
 
+@pytest.mark.parametrize("tiles", ["WIDE_TILES", "NARROW_TILES"])
 @pytest.mark.parametrize("m,n,k,out", [
     (2048, 2304, 1024, "bf16"),   # the TMA store through a transposed shared buffer
     (1000, 1100, 384, "fp32"),    # ragged tiles; M * 4 bytes is 16-byte aligned: TMA, clipped at both ends
     (333, 520, 256, "bf16"),      # M = 333: (N, M) rows not 16-byte aligned, the pointer store
 ])
-def test_gluon_transposed_output_is_the_product_transposed(gluon, capability, m, n, k, out):
-    """transpose_out: the (N, M) output holds the plain product's bits, transposed."""
+def test_gluon_transposed_output_is_the_product_transposed(gluon, capability, m, n, k, out, tiles):
+    """transpose_out: the (N, M) output holds the plain product's bits, transposed; both tile widths
+    default_config picks between."""
     import functools
 
     import jax
 
     p = fp8(1, False, m, n, k, out)
-    operands, _ = make_case(p)
-    plain = np.asarray(run(gluon, p, operands, capability))
-    fn = jax.jit(functools.partial(gluon.launch, p, config=gluon.default_config(p), compute_capability=capability,
+    config = getattr(gluon, tiles)
+    operands, ref = make_case(p)
+    plain = run(gluon, p, operands, capability, config)
+    assert_close(plain, ref, tolerance(p))
+    plain = np.asarray(plain)
+    fn = jax.jit(functools.partial(gluon.launch, p, config=config, compute_capability=capability,
                                    transpose_out=True))
     got = np.asarray(fn(*operands))
     assert got.shape == (1, n, m)

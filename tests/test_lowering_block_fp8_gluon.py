@@ -170,6 +170,27 @@ def test_check_config_refuses(problem, changes, message):
         bg.check_config(problem, bg.default_config(problem).replace(**changes))
 
 
+def _p(m, n, k):
+    return GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
+
+
+@pytest.mark.parametrize("m,n,k,tiles", [
+    # issue #13's shapes and the suite's with M, N, K >= 2048: wide tiles fill their waves as well
+    (8192, 8192, 8192, "WIDE"), (4096, 7168, 2048, "WIDE"), (4096, 24576, 1536, "WIDE"),
+    (4096, 7168, 16384, "WIDE"), (2048, 4096, 7168, "WIDE"), (4096, 4096, 7168, "WIDE"),
+    (4096, 8192, 8192, "WIDE"), (4096, 28672, 8192, "WIDE"),
+    # benchmarks/train_step.py's projections at d2048 (16384 tokens), forward and the wgrad's (N, K) products
+    (16384, 6144, 2048, "WIDE"), (16384, 2048, 8192, "WIDE"), (6144, 2048, 16384, "WIDE"),
+    (2048, 8192, 16384, "WIDE"), (8192, 2048, 16384, "WIDE"),
+    # N = 2112: 144 / 288 wide tiles are 1.09 / 2.18 waves of work in 2 / 3 waves; narrow tiles waste less
+    (2048, 2112, 7168, "NARROW"), (4096, 2112, 7168, "NARROW"),
+])
+def test_default_config_picks_the_tile_width_with_fewer_waves(m, n, k, tiles):
+    config = bg.default_config(_p(m, n, k))
+    assert config == getattr(bg, f"{tiles}_TILES")
+    bg.check_config(_p(m, n, k), config)
+
+
 def test_dispatch_picks_it_for_large_problems_on_hopper():
     rows, n, k = backends.GLUON_BLOCK_FP8_MIN
     big = dict(rows=rows, n=n, k=k)

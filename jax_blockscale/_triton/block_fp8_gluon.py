@@ -399,11 +399,35 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError(f"num_sms must be >= 1, got {config.num_sms}")
 
 
+# The measured configurations: 128 x 256 tiles with 3 stages (4 stages within the run-to-run spread), and
+# 128 x 128 tiles with 4 stages, which at 8192^3 ran at 0.89x the wide tiles' rate (1091 vs 1227 TF/s,
+# benchmarks/results/block_fp8_variants_h100_2026-11-23.md): a narrow tile takes 0.5 / 0.89 = 0.56 of a wide
+# tile's time.
+WIDE_TILES = TileConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_warps=4, num_stages=3,
+                        kernel="block_fp8_gluon")
+NARROW_TILES = WIDE_TILES.replace(block_n=128, num_stages=4)
+_NARROW_TILE_TIME = 0.56
+
+
+def _waves(p: GemmProblem, config: TileConfig) -> int:
+    """Rounds of one tile per program that the persistent programs (one per SM) need for p's tiles."""
+    tiles = triton.cdiv(p.batch * p.m, config.block_m) * triton.cdiv(p.n, config.block_n)
+    return triton.cdiv(tiles, config.num_sms)
+
+
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """The measured configuration: 128 x 256 tiles, 3 stages (4 stages and 128 x 128 tiles were slower)."""
-    del p, target
-    return TileConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_warps=4, num_stages=3,
-                      kernel="block_fp8_gluon")
+    """128 x 256 tiles, unless 128 x 128 tiles finish in less time counted in whole waves of tiles.
+
+    Why waves: every program owns one SM and runs its tiles in turn, so the busiest program's tile count,
+    the tile count divided by the SMs and rounded up, sets the time. Where a wide-tile count lands just past
+    a whole wave, narrow tiles can fill the waves better: N = 2112 (DeepSeek-V3's 7168 -> 2112 projection)
+    at M = 2048 has 144 wide tiles, two waves for 1.09 waves of work, or 272 narrow ones, three waves of 0.56;
+    H100 (2026-11-24, kernel time, 3 interleaved rounds): 0.68x -> 0.84x cuBLAS blockwise there, 0.74x ->
+    0.77x at M = 4096 (benchmarks/results/block_fp8_suite_shapes_h100_2026-11-24_session23.md). The
+    suite's other large shapes keep wide tiles."""
+    del target
+    wide = _waves(p, WIDE_TILES)
+    return NARROW_TILES if _waves(p, NARROW_TILES) * _NARROW_TILE_TIME < wide else WIDE_TILES
 
 
 # The kernel can write the product transposed (TRANS_OUT): `primitive` asks for it with transpose_out=True
