@@ -179,9 +179,6 @@ def _p(m, n, k):
     (8192, 8192, 8192, "WIDE"), (4096, 7168, 2048, "WIDE"), (4096, 24576, 1536, "WIDE"),
     (4096, 7168, 16384, "WIDE"), (2048, 4096, 7168, "WIDE"), (4096, 4096, 7168, "WIDE"),
     (4096, 8192, 8192, "WIDE"), (4096, 28672, 8192, "WIDE"),
-    # benchmarks/train_step.py's projections at d2048 (16384 tokens), forward and the wgrad's (N, K) products
-    (16384, 6144, 2048, "WIDE"), (16384, 2048, 8192, "WIDE"), (6144, 2048, 16384, "WIDE"),
-    (2048, 8192, 16384, "WIDE"), (8192, 2048, 16384, "WIDE"),
     # N = 2112: 144 / 288 wide tiles are 1.09 / 2.18 waves of work in 2 / 3 waves; narrow tiles waste less
     (2048, 2112, 7168, "NARROW"), (4096, 2112, 7168, "NARROW"),
 ])
@@ -189,6 +186,15 @@ def test_default_config_picks_the_tile_width_with_fewer_waves(m, n, k, tiles):
     config = bg.default_config(_p(m, n, k))
     assert config == getattr(bg, f"{tiles}_TILES")
     bg.check_config(_p(m, n, k), config)
+
+
+@pytest.mark.parametrize("tokens,d", [(16384, 2048), (8192, 4096)])  # train_step.py's d2048 and d4096
+def test_default_config_keeps_wide_tiles_for_the_training_projections(tokens, d):
+    """Every GEMM of a TinyLM block's projections (qkv 3d, out d, MLP 4d): forward (tokens, N, K), dgrad
+    (tokens, K, N) and wgrad in either operand order (N, K, tokens), (K, N, tokens)."""
+    for n, k in ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d)):
+        for m, n_, k_ in ((tokens, n, k), (tokens, k, n), (n, k, tokens), (k, n, tokens)):
+            assert bg.default_config(_p(m, n_, k_)) == bg.WIDE_TILES, (m, n_, k_)
 
 
 def test_dispatch_picks_it_for_large_problems_on_hopper():

@@ -423,7 +423,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     a whole wave, narrow tiles can fill the waves better: N = 2112 (DeepSeek-V3's 7168 -> 2112 projection)
     at M = 2048 has 144 wide tiles, two waves for 1.09 waves of work, or 272 narrow ones, three waves of 0.56;
     H100 (2026-11-24, kernel time, 3 interleaved rounds): 0.68x -> 0.84x cuBLAS blockwise there, 0.74x ->
-    0.77x at M = 4096 (benchmarks/results/block_fp8_suite_shapes_h100_2026-11-24_session23.md). The
+    0.75-0.77x at M = 4096 (benchmarks/results/block_fp8_suite_shapes_h100_2026-11-24_session23.md). The
     suite's other large shapes keep wide tiles."""
     del target
     wide = _waves(p, WIDE_TILES)
