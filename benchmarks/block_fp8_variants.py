@@ -3,6 +3,7 @@
     python -m benchmarks.block_fp8_variants                          # default configs, the 5 issue-#13 shapes
     python -m benchmarks.block_fp8_variants --configs gluon,gluon:128x128:s4,p:s4:pf --shapes 8192x8192x8192
     python -m benchmarks.block_fp8_variants --configs gluon --rounds 5   # interleaved rounds, paired ratios
+    python -m benchmarks.block_fp8_variants --configs gluon --rounds 3 --shapes suite   # issue #13's target set
     python -m benchmarks.block_fp8_variants --tiny                   # tiny shapes: checks the script runs
 
 Every row is checked against the jnp reference (`jb.reference.matmul` on the same quantized operands)
@@ -49,11 +50,13 @@ import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 
 from . import _baselines as bl  # noqa: E402
-from ._cases import FORMATS  # noqa: E402
+from ._cases import FORMATS, full_cases  # noqa: E402
 from ._timing import TimingConfig, choose_repeats  # noqa: E402
 from ._torch import torch_blockwise  # noqa: E402
 
 SHAPES = ((8192, 8192, 8192), (4096, 7168, 2048), (4096, 24576, 1536), (4096, 7168, 16384), (2048, 4096, 7168))
+# Issue #13's target set as it is worded: the suite's shapes (benchmarks/_cases.py) with M, N, K >= 2048.
+SUITE_SHAPES = tuple((c.m, c.n, c.k) for c in full_cases() if min(c.m, c.n, c.k) >= 2048)
 TINY_SHAPES = ((256, 384, 512),)
 DEFAULT_CONFIGS = ("gluon", "gluon:s4", "gluon:128x128:s4", "p:s4:pf", "old")
 
@@ -182,7 +185,9 @@ def summary(rates: dict[str, dict[str, float]], shapes) -> str:
 def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated specs (see module doc)")
-    ap.add_argument("--shapes", default="", help="MxNxK,... (default: the 5 issue-#13 shapes)")
+    ap.add_argument("--shapes", default="",
+                    help="MxNxK,... or 'suite' (the suite's shapes with M, N, K >= 2048, issue #13's target set; "
+                         "default: the 5 shapes of issue #13's table)")
     ap.add_argument("--time-budget", type=float, default=220.0, help="seconds; later rows are skipped")
     ap.add_argument("--rounds", type=int, default=1,
                     help="profile every row N times in turn per shape; report median paired ratios (default 1)")
@@ -195,7 +200,9 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     a = parse(argv)
-    if a.shapes:
+    if a.shapes == "suite":
+        shapes = SUITE_SHAPES
+    elif a.shapes:
         shapes = tuple(tuple(int(v) for v in s.split("x")) for s in a.shapes.split(","))
     else:
         shapes = TINY_SHAPES if a.tiny else SHAPES

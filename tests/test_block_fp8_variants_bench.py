@@ -42,3 +42,10 @@ def test_rounds_must_be_positive():
     assert bv.parse(["--rounds", "3"]).rounds == 3
     with pytest.raises(SystemExit):
         bv.parse(["--rounds", "0"])
+
+
+def test_suite_shapes_are_the_targets_set():
+    """--shapes suite: issue #13's "suite's shapes with M, N, K >= 2048", from the suite's own case list."""
+    assert set(bv.SUITE_SHAPES) == {(8192, 8192, 8192), (4096, 7168, 2048), (4096, 2112, 7168), (4096, 7168, 16384),
+                                    (4096, 4096, 7168), (4096, 8192, 8192), (4096, 28672, 8192)}
+    assert bv.parse(["--shapes", "suite"]).shapes == "suite"
