@@ -83,6 +83,8 @@ def test_checks_refuse_what_the_kernel_cannot_run():
         mg.check_config(_problem("e2m1", out="fp32"), good.replace(num_stages=4))
     with pytest.raises(ValueError, match="num_warps"):
         mg.check_config(p, good.replace(num_warps=8))
+    with pytest.raises(ValueError, match="register split"):  # shared with block_fp8_gluon's checks
+        mg.check_config(p, good.replace(max_registers=128))
 
 
 def test_dispatch_leaves_it_opt_in_and_a_named_config_lowers_to_it():

@@ -302,6 +302,19 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
 
 
 @gluon.jit
+def stage_barriers(STAGES: gl.constexpr):
+    """The stage ring's mbarriers of a warp-specialized GEMM with one TMA loader and two consumers (here and
+    mx_gluon.py): ready[s], completed by stage s's TMA bytes after the loader's expect; empty[s], by one
+    arrival of each consumer once it has read the stage."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    return ready, empty
+
+
+@gluon.jit
 def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -323,11 +336,7 @@ def block_fp8_gluon_kernel(
     b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K], b_layout)
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)  # the loader's expect; the TMA bytes complete it
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
+    ready, empty = stage_barriers(STAGES)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -373,6 +382,24 @@ def epilogue_buffers(config: TileConfig, out_dtype) -> int:
     return split if _smem_bytes(config, out_dtype, split) <= SMEM_BYTES else 1
 
 
+def check_warp_specialized(config: TileConfig, kernel: str, smem: int, smem_holds: str) -> None:
+    """The rules the warp-specialized Gluon GEMMs share (here and mx_gluon.py): two 4-warp consumers (num_warps
+    names the first partition) beside a loader warp, at least two stages (one loading while one is read),
+    `smem` bytes (what `smem_holds` names) within a block's shared memory, the fixed register split, and at
+    least one program."""
+    if config.num_warps != 4:
+        raise ValueError(f"{kernel} runs 4-warp consumers, got num_warps={config.num_warps}")
+    if config.num_stages < 2:
+        raise ValueError(f"num_stages must be >= 2 (one stage loading while one is read), got {config.num_stages}")
+    if smem > SMEM_BYTES:
+        raise ValueError(f"{smem_holds} need {smem} bytes of shared memory; an H100 block has {SMEM_BYTES}")
+    if config.max_registers not in (0, MAX_REGISTERS):
+        raise ValueError(f"{kernel}'s register split is fixed ({CONSUMER_REGISTERS} per consumer thread), got "
+                         f"max_registers={config.max_registers}")
+    if config.num_sms < 1:
+        raise ValueError(f"num_sms must be >= 1, got {config.num_sms}")
+
+
 def check_config(p: GemmProblem, config: TileConfig) -> None:
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"the Gluon block FP8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
@@ -383,20 +410,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if config.block_m != 128 or config.block_k != 128 or config.block_n not in (128, 256):
         raise ValueError(f"the Gluon block FP8 kernel runs 128 x 128 x 128 or 128 x 256 x 128 tiles, got "
                          f"{config.block_m} x {config.block_n} x {config.block_k}")
-    if config.num_warps != 4:
-        # Two 4-warp consumers of 64 rows each (plus a loader warp): num_warps names the first partition.
-        raise ValueError(f"the Gluon block FP8 kernel runs 4-warp consumers, got num_warps={config.num_warps}")
-    if config.num_stages < 2:
-        raise ValueError(f"num_stages must be >= 2 (one stage loading while one is read), got {config.num_stages}")
-    smem = _smem_bytes(config, OUT_DTYPES[p.out_dtype], 1)
-    if smem > SMEM_BYTES:
-        raise ValueError(f"{config.num_stages} stages of {config.block_m} x {config.block_n} tiles and the {p.out_dtype} "
-                         f"output subtiles need {smem} bytes of shared memory; an H100 block has {SMEM_BYTES}")
-    if config.max_registers not in (0, MAX_REGISTERS):
-        raise ValueError(f"the Gluon block FP8 kernel's register split is fixed ({CONSUMER_REGISTERS} per consumer "
-                         f"thread), got max_registers={config.max_registers}")
-    if config.num_sms < 1:
-        raise ValueError(f"num_sms must be >= 1, got {config.num_sms}")
+    check_warp_specialized(config, "the Gluon block FP8 kernel", _smem_bytes(config, OUT_DTYPES[p.out_dtype], 1),
+                           f"{config.num_stages} stages of {config.block_m} x {config.block_n} tiles and the "
+                           f"{p.out_dtype} output subtiles")
 
 
 # The measured configurations: 128 x 256 tiles with 3 stages (4 stages within the run-to-run spread), and

@@ -62,19 +62,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands, out_rows_tma_aligned
-from .block_fp8_gluon import _program_tiles, _tile_origin
+# The register split and shared-memory budget of block_fp8_gluon's warp-specialized layout (one loader warp,
+# two 4-warp consumers), which this kernel shares.
+from .block_fp8_gluon import (CONSUMER_REGISTERS, LOADER_REGISTERS, MAX_REGISTERS, SMEM_BYTES, _program_tiles,
+                              _tile_origin, check_warp_specialized, stage_barriers)
 from .decode import tensor_scale_operands
 from .decode_wgmma import _decode
-from .problem import HOPPER_SMEM_BYTES, NVFP4, GemmProblem, TileConfig
+from .problem import NVFP4, GemmProblem, TileConfig
 
 W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", w) for w in W_KINDS})
 BLOCK_W = 128  # weight rows per tile: two consumers of 64 (wgmma's M)
 _BLOCK_W = gl.constexpr(BLOCK_W)
-MAX_REGISTERS = 168
-CONSUMER_REGISTERS = gl.constexpr(224)
-LOADER_REGISTERS = gl.constexpr(56)
-SMEM_BYTES = HOPPER_SMEM_BYTES
 
 
 @gluon.constexpr_function
@@ -233,11 +232,7 @@ def mx_gluon_kernel(
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_X, BLOCK_K], gl.bfloat16)
     x_desc = tma.make_tensor_descriptor(x_ptr, [M, K], [K, 1], [BLOCK_X, BLOCK_K], x_layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_X, BLOCK_K], x_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)  # the loader's expect; the TMA bytes complete it
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer
+    ready, empty = stage_barriers(STAGES)
     out_ty: gl.constexpr = out_ptr.dtype.element_ty
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_X, 64], out_ty)
     if TMA_STORE:
@@ -287,16 +282,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if p.k % config.block_k or p.k < 2 * config.block_k:
         # The consumers load the weight two K steps ahead, the second of them possibly in the next tile.
         raise ValueError(f"K ({p.k}) must be a multiple of block_k ({config.block_k}), at least two K steps")
-    if config.num_warps != 4:
-        raise ValueError(f"the Gluon MX kernel runs 4-warp consumers, got num_warps={config.num_warps}")
-    if config.num_stages < 2:
-        raise ValueError(f"num_stages must be >= 2, got {config.num_stages}")
-    smem = _smem_bytes(config, OUT_DTYPES[p.out_dtype])
-    if smem > SMEM_BYTES:
-        raise ValueError(f"{config.num_stages} stages of {config.block_n} x {config.block_k} activations and the "
-                         f"output tiles need {smem} bytes of shared memory; an H100 block has {SMEM_BYTES}")
-    if config.num_sms < 1:
-        raise ValueError(f"num_sms must be >= 1, got {config.num_sms}")
+    check_warp_specialized(config, "the Gluon MX kernel", _smem_bytes(config, OUT_DTYPES[p.out_dtype]),
+                           f"{config.num_stages} stages of {config.block_n} x {config.block_k} activations and the "
+                           f"output tiles")
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
