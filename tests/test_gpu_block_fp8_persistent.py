@@ -99,13 +99,17 @@ def gluon(capability):
 
 
 @pytest.mark.parametrize("m,n,k,out,sms,tile", [
-    (1, 333, 256, "fp32", 132, ""),          # one row; N = 333: rows not 16-byte aligned, the pointer store
-    (300, 520, 768, "bf16", 132, ""),        # ragged tiles (the last 256-wide tile's second block past N)
+    (1, 333, 256, "fp32", 132, ""),          # one row; N = 333: rows not 16-byte aligned, the pointer store;
+                                             # a light last column of 128 (light_columns)
+    (300, 520, 768, "bf16", 132, ""),        # a light last column of 64: 8 of its 256 columns live
     (129, 200, 384, "fp16", 132, ""),        # a 256-wide tile whose second weight block does not exist
     (1000, 1100, 128, "fp32", 132, ""),      # one K block; fp32 subtiles: one epilogue buffer per consumer
-    (777, 336, 1152, "fp32", 5, ""),         # more tiles than programs: the loads run ahead across tiles
-    (300, 520, 768, "bf16", 7, "128x128:s4"),  # 128-wide tiles
+    (777, 336, 1152, "fp32", 5, ""),         # more tiles than programs: the loads run ahead across tiles, from
+                                             # full tiles into light ones and from light to light
+    (300, 520, 768, "bf16", 7, "128x128:s4"),  # 128-wide tiles, light ones of 64 columns after them
     (650, 1040, 512, "bf16", 3, "s4"),       # 4 stages: one output buffer reused for both subtiles
+    (200, 64, 384, "bf16", 132, ""),         # N = 64: light tiles only; 3 K blocks: a stage of two, one of one
+    (520, 2112, 640, "bf16", 3, ""),         # DeepSeek-V3's N = 2112: light tiles of 64, several per program
 ])
 def test_gluon_kernel(gluon, capability, m, n, k, out, sms, tile):
     p = fp8(2, False, m, n, k, out)
@@ -117,10 +121,18 @@ def test_gluon_kernel(gluon, capability, m, n, k, out, sms, tile):
     check(gluon, p, capability, config)
 
 
-def test_gluon_default_narrow_tiles_at_n_2112(gluon, capability):
-    """N = 2112 (DeepSeek-V3's q/kv down projection) at M = 2048: default_config picks 128 x 128 tiles
-    (fewer waves), and they give the reference's result through the dispatched path's launch."""
+def test_gluon_default_tiles_at_n_2112(gluon, capability):
+    """N = 2112 (DeepSeek-V3's q/kv down projection) at M = 2048: default_config keeps 128 x 256 tiles, whose
+    last column is light (64 columns multiplied), and they give the reference's result through the
+    dispatched path's launch."""
     p = fp8(1, False, 2048, 2112, 1024)
+    assert gluon.default_config(p) == gluon.WIDE_TILES and gluon.light_columns(p.n, 256) == 64
+    check(gluon, p, capability)
+
+
+def test_gluon_default_narrow_tiles(gluon, capability):
+    """3072 x 2048: 128 x 128 tiles fill the waves better (default_config), through the dispatched launch."""
+    p = fp8(1, False, 3072, 2048, 512)
     assert gluon.default_config(p) == gluon.NARROW_TILES
     check(gluon, p, capability)
 

@@ -36,10 +36,10 @@ SIG = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scal
 BIG = GemmProblem(1, False, 8192, 8192, 8192, "block_fp8", "block_fp8", "bf16")
 
 
-def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True):
+def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True, light=0):
     config = bg.default_config(BIG).replace(block_n=block_n, num_stages=stages)
     constexprs = dict(M=m, N=n, K=k, BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, NUM_SMS=132, STAGES=stages,
-                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16))
+                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16), LIGHT_N=light)
     return compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature=SIG, constexprs=constexprs,
                           num_warps=4, num_stages=stages, maxnreg=bg.MAX_REGISTERS)
 
@@ -179,13 +179,59 @@ def _p(m, n, k):
     (8192, 8192, 8192, "WIDE"), (4096, 7168, 2048, "WIDE"), (4096, 24576, 1536, "WIDE"),
     (4096, 7168, 16384, "WIDE"), (2048, 4096, 7168, "WIDE"), (4096, 4096, 7168, "WIDE"),
     (4096, 8192, 8192, "WIDE"), (4096, 28672, 8192, "WIDE"),
-    # N = 2112: 144 / 288 wide tiles are 1.09 / 2.18 waves of work in 2 / 3 waves; narrow tiles waste less
-    (2048, 2112, 7168, "NARROW"), (4096, 2112, 7168, "NARROW"),
+    # N = 2112 = 8 x 256 + 64: the light last column (64 columns multiplied) runs after the full tiles
+    (2048, 2112, 7168, "WIDE"), (4096, 2112, 7168, "WIDE"),
+    # 192 wide tiles are two waves for 1.45 waves of work; 384 narrow ones three of 0.56
+    (3072, 2048, 4096, "NARROW"),
 ])
-def test_default_config_picks_the_tile_width_with_fewer_waves(m, n, k, tiles):
+def test_default_config_picks_the_tile_width_whose_busiest_program_is_done_first(m, n, k, tiles):
     config = bg.default_config(_p(m, n, k))
     assert config == getattr(bg, f"{tiles}_TILES")
     bg.check_config(_p(m, n, k), config)
+
+
+@pytest.mark.parametrize("n,block_n,light", [
+    (2112, 256, 64), (2112, 128, 64), (520, 256, 64), (1100, 256, 128), (336, 256, 128), (64, 256, 64),
+    (200, 256, 0),    # 200 of 256 columns: the second subtile is live, nothing to skip
+    (200, 128, 0), (8192, 256, 0), (2304, 256, 0), (1000, 128, 0),
+])
+def test_light_columns(n, block_n, light):
+    assert bg.light_columns(n, block_n) == light
+
+
+def test_busiest_program_counts_light_tiles_last():
+    """4096 x 2112: 256 full wide tiles and 32 light ones over 132 programs. Programs 0-23 run two full tiles
+    and a light one, programs 124-131 one of each: the busiest is 2 + LIGHT_TILE_TIME[64], where the same
+    288 tiles counted as full ones took three (the kernel before light tiles); narrow tiles: 512 full and
+    32 light, four full narrow tiles and a light one."""
+    p = _p(4096, 2112, 7168)
+    assert bg.busiest_program_time(p, bg.WIDE_TILES) == pytest.approx(2 + bg.LIGHT_TILE_TIME[64])
+    assert bg.busiest_program_time(p, bg.NARROW_TILES) == pytest.approx(4 * 0.56 + bg.LIGHT_TILE_TIME[64])
+    assert bg.busiest_program_time(_p(8192, 8192, 8192), bg.WIDE_TILES) == 16  # 4096 tiles, 31.03 waves
+    assert bg.busiest_program_time(_p(200, 64, 256), bg.WIDE_TILES) == bg.LIGHT_TILE_TIME[64]  # light only
+
+
+@pytest.mark.parametrize("m,n,k,block_n,light,blocks", [
+    (4096, 2112, 7168, 256, 64, 2), (300, 520, 768, 128, 64, 1), (200, 64, 1024, 256, 64, 2),
+    (1000, 1100, 384, 256, 128, 1),
+])
+def test_light_tiles_run_their_own_k_loop(m, n, k, block_n, light, blocks, tmp_path):
+    """A light last column compiles to its own K loop per consumer, whose wgmma is m64 x LIGHT_N (n64 beside
+    the full tiles' n128 where LIGHT_N is 64), `blocks` K blocks per stage (4 k32 wgmma each): two where
+    a 256-row weight buffer holds them (`_light_buffer`). Every wgmma stays asynchronous, nothing spills."""
+    assert bg.light_columns(n, block_n) == light
+    stages = 3 if block_n == 256 else 4
+    compiled = _compile(m=m, n=n, k=k, block_n=block_n, stages=stages, tma_store=n % 8 == 0, light=light)
+    ptx = assembly(compiled)
+    widths = {int(w) for w in WGMMA_FP8.findall(ptx)}
+    assert light in widths and widths <= {128, light}
+    k_loops = [body for body in _k_loop_blocks(ptx).values() if "wgmma.mma_async" in body]
+    if light == 64:
+        light_loops = [body for body in k_loops if "m64n128k32" not in body]
+        assert [len(re.findall(r"m64n64k32", body)) for body in light_loops] == [4 * blocks] * 2  # per consumer
+    report = _ptxas(ptx, tmp_path)
+    assert "C7514" not in report and "C7515" not in report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report
 
 
 @pytest.mark.parametrize("tokens,d", [(16384, 2048), (8192, 4096)])  # train_step.py's d2048 and d4096

@@ -20,6 +20,13 @@ instead of finishing their wgmma together. A 128 x 256 tile multiplies in two 12
 partial: 128 + 64 accumulator and partial registers per thread, within the 224 that setmaxnreg gives
 each consumer. Nothing is pending across a promotion, so ptxas keeps every wgmma asynchronous.
 
+Light tiles: where the last column of tiles is mostly past N (`light_columns`: N % 256 <= 128, or N % 128
+<= 64), those tiles run after all the full ones, one per row tile, each multiplying only its live 64 or 128
+columns (`_light_tiles`); with 64 columns a stage holds two K blocks. DeepSeek-V3's N = 2112 is 8 wide
+tiles and 64 columns: at 4096 x 2112 x 7168 the 288 tiles were three rounds of full tiles for 2.06 rounds
+of work, now two and a light one (0.75x -> 0.87x cuBLAS blockwise; H100, 2026-11-24,
+benchmarks/results/block_fp8_light_tiles_h100_2026-11-24_session24.md).
+
 Epilogue: a tile's output leaves during the next tile's first K step (`_k_step(FIRST=True)`): each 128-column
 subtile's conversion, shared-memory write and TMA store run while one of that step's wgmma does, instead of
 between tiles with no wgmma in flight; and a subtile waits only for its own buffer's previous TMA store.
@@ -81,34 +88,63 @@ def _program_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOC
 
 
 @gluon.jit
+def _full_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr):
+    """How many of this program's tiles are full-width ones; the rest (light tiles, `light_columns`) follow
+    them."""
+    FULL_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N - (LIGHT_N + 127) // 128  # light: LIGHT_N 64 or 128
+    full: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * FULL_N
+    return (full - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS  # pid < NUM_SMS: never negative
+
+
+@gluon.jit
 def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, NUM_SMS: gl.constexpr):
+                 BLOCK_N: gl.constexpr, NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr = 0):
     """First row and column of this program's t-th tile (tile pid + t * NUM_SMS) in grouped order
     (tiling.grouped_tile's order: GROUP_M row tiles at a time, so the programs of a wave share B tiles in
-    L2)."""
+    L2). With LIGHT_N > 0 the last column of tiles is light (`light_columns`) and its tiles come after all
+    the others, one per row tile: they fill the last wave, where they cost a fraction of a full tile."""
     TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    per_group: gl.constexpr = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    FULL_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N - (LIGHT_N + 127) // 128  # light: LIGHT_N 64 or 128
+    FULL: gl.constexpr = TILES_M * FULL_N
+    LAST_FULL: gl.constexpr = FULL - 1
+    per_group: gl.constexpr = GROUP_M * FULL_N
     tile = gl.program_id(0) + t * NUM_SMS
-    first_m = (tile // per_group) * GROUP_M
-    group_rows = gl.minimum(TILES_M - first_m, GROUP_M)
-    in_group = tile % per_group
-    return (first_m + in_group % group_rows) * BLOCK_M, (in_group // group_rows) * BLOCK_N
+    if FULL_N == 0:  # only light tiles (N <= LIGHT_N)
+        first_m = tile * BLOCK_M
+        first_n = tile * 0
+    else:
+        grouped = tile
+        if LIGHT_N > 0:
+            grouped = gl.minimum(tile, LAST_FULL)  # a light tile's index past the grouped ones: see below
+        first_m = (grouped // per_group) * GROUP_M
+        group_rows = gl.minimum(TILES_M - first_m, GROUP_M)
+        in_group = grouped % per_group
+        first_m = (first_m + in_group % group_rows) * BLOCK_M
+        first_n = (in_group // group_rows) * BLOCK_N
+        if LIGHT_N > 0:
+            if tile > LAST_FULL:
+                first_m = (tile - FULL) * BLOCK_M
+                first_n = grouped * 0 + FULL_N * BLOCK_N
+    return first_m, first_n
 
 
 @gluon.jit
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
-            TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
-    """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES.
-    (Gluon gives every worker partition one signature: the consumer's, whose arguments this one mostly
-    ignores.)"""
-    a_desc, b_desc, _ = descs
+            TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
+            LIGHT_N: gl.constexpr):
+    """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES;
+    a light tile's steps hold LIGHT_KB K blocks each (`_light_stage`). (Gluon gives every worker partition
+    one signature: the consumer's, whose arguments this one mostly ignores.)"""
+    a_desc, b_desc, _, light_desc = descs
     a_bufs, b_bufs, _ = bufs
     ready, empty, _ = bars
     SCALE_K: gl.constexpr = K // 128
     step = 0
-    for t in range(_program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
-        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
+    full = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
+    for t in range(full):
+        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         for kb in range(SCALE_K):
             s = step % STAGES
             # A fresh mbarrier counts as having completed the phase before 0: the first pass waits for nothing.
@@ -118,6 +154,35 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
             tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar, a_bufs.index(s))  # zero past M, K
             tma.async_copy_global_to_shared(b_desc, [col, kb * 128], bar, b_bufs.index(s))
             step += 1
+    if LIGHT_N > 0:
+        # K blocks per light stage: 2 where the 256-row weight buffer holds a second block's 128
+        # activation rows and 64 weight rows beside the first's 64 (LIGHT_N = 64), else 1
+        LIGHT_KB: gl.constexpr = 1 + (BLOCK_N // 256) * (128 // (LIGHT_N + 64))
+        BYTES: gl.constexpr = a_desc.block_type.nbytes + light_desc.block_type.nbytes
+        for t in range(full, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
+            row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
+            for kp in range(SCALE_K // LIGHT_KB):
+                s = step % STAGES
+                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, LIGHT_KB * BYTES)
+                for j in gl.static_range(LIGHT_KB):
+                    kb = kp * LIGHT_KB + j
+                    tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar,
+                                                    _light_buffer(a_bufs, b_bufs, s, j, 0, 128, LIGHT_N))
+                    tma.async_copy_global_to_shared(light_desc, [col, kb * 128], bar,
+                                                    _light_buffer(a_bufs, b_bufs, s, j, 1, LIGHT_N, LIGHT_N))
+                step += 1
+            if SCALE_K % LIGHT_KB != 0:  # an odd K block count: the last step holds one
+                s = step % STAGES
+                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, BYTES)
+                tma.async_copy_global_to_shared(a_desc, [row, (SCALE_K - 1) * 128], bar,
+                                                _light_buffer(a_bufs, b_bufs, s, 0, 0, 128, LIGHT_N))
+                tma.async_copy_global_to_shared(light_desc, [col, (SCALE_K - 1) * 128], bar,
+                                                _light_buffer(a_bufs, b_bufs, s, 0, 1, LIGHT_N, LIGHT_N))
+                step += 1
 
 
 @gluon.jit
@@ -153,23 +218,32 @@ def _store_subtile(out, row, col, rows, c_smem, out_desc, out_ptr, M: gl.constex
         fence_async_shared()
         tma.async_copy_shared_to_global(out_desc, [col, row] if TRANS_OUT else [row, col], c_smem)
     else:
-        cols = col + gl.arange(0, SUBTILE_N, layout=gl.SliceLayout(0, mma_layout))
-        if TRANS_OUT:
-            ptrs = out_ptr + cols[None, :].to(gl.int64) * M + rows[:, None]
-        else:
-            ptrs = out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :]
-        gl.store(ptrs, out, mask=(rows[:, None] < M) & (cols[None, :] < N))
+        _store_by_pointer(out, rows, col, out_ptr, M, N, TRANS_OUT, SUBTILE_N, mma_layout)
+
+
+@gluon.jit
+def _store_by_pointer(out, rows, col, out_ptr, M: gl.constexpr, N: gl.constexpr, TRANS_OUT: gl.constexpr,
+                      COLS: gl.constexpr, layout: gl.constexpr):
+    """`out` (rows, COLS columns from col) straight from registers, masked at M and N; (N, M) with
+    TRANS_OUT."""
+    cols = col + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    if TRANS_OUT:
+        ptrs = out_ptr + cols[None, :].to(gl.int64) * M + rows[:, None]
+    else:
+        ptrs = out_ptr + rows[:, None].to(gl.int64) * N + cols[None, :]
+    gl.store(ptrs, out, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @gluon.jit
 def _previous_tile_subtile(out, t, sub: gl.constexpr, c_bufs, out_desc, out_ptr, M: gl.constexpr,
                            N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
                            NUM_SMS: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr,
-                           EPI_BUFS: gl.constexpr, WG: gl.constexpr, mma_layout: gl.constexpr):
+                           EPI_BUFS: gl.constexpr, WG: gl.constexpr, mma_layout: gl.constexpr,
+                           LIGHT_N: gl.constexpr):
     """Stores `out`, this consumer's subtile `sub` of its tile t - 1 (nothing when t == 0)."""
     if t > 0:
         ROWS: gl.constexpr = BLOCK_M // 2
-        row, col = _tile_origin(t - 1, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
+        row, col = _tile_origin(t - 1, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
         buf = c_bufs.index(WG * EPI_BUFS + sub * (EPI_BUFS - 1))  # one buffer reused when EPI_BUFS == 1
         _store_subtile(out, row + WG * ROWS, col + sub * SUBTILE_N, rows, buf, out_desc, out_ptr, M, N, TMA_STORE,
@@ -181,7 +255,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
             bufs, bars, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
             STAGES: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
-            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr):
+            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr, LIGHT_N: gl.constexpr):
     """One K block of a consumer's tile: per 128-column subtile, wgmma into the partial, wait for it, promote
     it with the block's scales (FIRST: the accumulators start from it). FIRST also stores the previous
     tile's converted subtiles (out0, out1), each while one of this step's wgmma runs: the shared-memory
@@ -209,7 +283,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     next_b_s1 = next_b_s0
     if FIRST:
         _previous_tile_subtile(out0, t, 0, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS,
-                               TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+                               TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
     if SPLIT == 2:
         next_b_s1 = gl.load(b_s_ptr + SCALE_K + nk, mask=second_ok, other=0.0)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, b_tile))[0]
@@ -221,7 +295,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
         partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
         if FIRST:
             _previous_tile_subtile(out1, t, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
-                                   NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+                                   NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
         mbarrier.arrive(empty.index(s), count=1)  # both consumers' arrivals free the stage
         if FIRST:
@@ -239,12 +313,127 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
 
 
 @gluon.jit
+def _light_buffer(a_bufs, b_bufs, s, j: gl.constexpr, operand: gl.constexpr, rows: gl.constexpr,
+                  LIGHT_N: gl.constexpr):
+    """Where a light tile's K block j of stage s keeps its activation (operand 0, 128 rows) or weight
+    (operand 1, LIGHT_N rows) tile: block 0 in the stage's activation buffer and the weight buffer's first
+    LIGHT_N rows; block 1 (LIGHT_N = 64 only) in the weight buffer's rows 64-127 and 128-255. Both buffers
+    have 128-byte rows and the same 128-byte swizzle, and a slice's offset is a multiple of its size (which
+    the shared-memory subview requires)."""
+    if j == 0:
+        if operand == 0:
+            buf = a_bufs.index(s)
+        else:
+            buf = b_bufs.index(s).slice(0, rows, dim=0)
+    else:
+        if operand == 0:
+            buf = b_bufs.index(s).slice(128, rows, dim=0)
+        else:
+            buf = b_bufs.index(s).slice(LIGHT_N, rows, dim=0)
+    return buf
+
+
+@gluon.jit
+def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok,
+                 b_s_ptr, bufs, bars, SCALE_K: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+                 LIGHT_N: gl.constexpr):
+    """One stage of a light tile: K blocks kb .. kb + KB - 1, each an m64 x LIGHT_N wgmma into its own partial,
+    issued together and waited for together (the stage is released before the promotions), then promoted
+    with their scales (a_s0, b_s0; a_s1, b_s1). Returns the accumulator, the partials and the next stage's
+    scales, which load while this stage's wgmma run."""
+    a_bufs, b_bufs, _ = bufs
+    ready, empty, turn = bars
+    ROWS: gl.constexpr = 64
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    a0 = _light_buffer(a_bufs, b_bufs, s, 0, 0, 128, LIGHT_N).slice(WG * ROWS, ROWS, dim=0)
+    b0 = _light_buffer(a_bufs, b_bufs, s, 0, 1, LIGHT_N, LIGHT_N).permute((1, 0))
+    a1 = a0
+    b1 = b0
+    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    partial0 = warpgroup_mma(a0, b0, partial0, use_acc=False, is_async=True)
+    if KB == 2:
+        a1 = _light_buffer(a_bufs, b_bufs, s, 1, 0, 128, LIGHT_N).slice(WG * ROWS, ROWS, dim=0)
+        b1 = _light_buffer(a_bufs, b_bufs, s, 1, 1, LIGHT_N, LIGHT_N).permute((1, 0))
+        partial1 = warpgroup_mma(a1, b1, partial1, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+    n0 = gl.minimum(kb + KB, SCALE_K - 1)
+    next_a_s0 = gl.load(a_s_ptrs + n0, mask=row_ok, other=0.0)
+    next_b_s0 = gl.load(b_s_ptr + n0)
+    next_a_s1 = next_a_s0
+    next_b_s1 = next_b_s0
+    if KB == 2:
+        n1 = gl.minimum(kb + KB + 1, SCALE_K - 1)
+        next_a_s1 = gl.load(a_s_ptrs + n1, mask=row_ok, other=0.0)
+        next_b_s1 = gl.load(b_s_ptr + n1)
+        partial0, partial1 = warpgroup_mma_wait(num_outstanding=0, deps=(partial0, partial1, a0, b0, a1, b1))[:2]
+    else:
+        partial0 = warpgroup_mma_wait(num_outstanding=0, deps=(partial0, a0, b0))[0]
+    mbarrier.arrive(empty.index(s), count=1)
+    if KB == 2:
+        acc = _settled(acc + partial0 * (a_s0 * b_s0)[:, None] + partial1 * (a_s1 * b_s1)[:, None])
+    else:
+        acc = _settled(acc + partial0 * (a_s0 * b_s0)[:, None])
+    return acc, partial0, partial1, next_a_s0, next_b_s0, next_a_s1, next_b_s1
+
+
+@gluon.jit
+def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
+                 STAGES: gl.constexpr, TRANS_OUT: gl.constexpr, WG: gl.constexpr, LIGHT_N: gl.constexpr):
+    """This consumer's rows of the program's light tiles t = first .. tiles - 1 (`light_columns`): one
+    m64 x LIGHT_N wgmma per K block on LIGHT_N weight rows (the loader's box for them reads no row past N),
+    promoted as in `_k_step`, the output stored from registers at the tile's end.
+
+    Why two K blocks per stage where they fit (LIGHT_N = 64 beside 256-wide tiles): a light tile does a
+    quarter of a full tile's wgmma work per K block, so its steps are as short as the stage ring's latency
+    allows: alone on the GPU a light tile took longer than a full one did (39.5 against 30.7 us at K = 7168,
+    H100). Two blocks per stage double the K blocks in flight."""
+    a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
+    SCALE_K: gl.constexpr = K // 128
+    ROWS: gl.constexpr = BLOCK_M // 2
+    LIGHT_KB: gl.constexpr = 1 + (BLOCK_N // 256) * (128 // (LIGHT_N + 64))  # as in _loader
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, LIGHT_N, 32])
+    alpha = gl.load(alpha_ptr)
+    partial0 = gl.zeros((ROWS, LIGHT_N), gl.float32, layout=layout)
+    partial1 = partial0
+    for t in range(first, tiles):
+        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
+        rows = row + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        row_ok = rows < M
+        a_s_ptrs = a_scale_ptr + rows * SCALE_K
+        b_s_ptr = b_scale_ptr + (col // 128) * SCALE_K
+        acc = gl.zeros((ROWS, LIGHT_N), gl.float32, layout=layout)
+        a_s0 = gl.load(a_s_ptrs, mask=row_ok, other=0.0)
+        b_s0 = gl.load(b_s_ptr)
+        a_s1 = a_s0
+        b_s1 = b_s0
+        if LIGHT_KB == 2:
+            a_s1 = gl.load(a_s_ptrs + gl.minimum(1, SCALE_K - 1), mask=row_ok, other=0.0)
+            b_s1 = gl.load(b_s_ptr + gl.minimum(1, SCALE_K - 1))
+        for kp in range(SCALE_K // LIGHT_KB):
+            acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1 = _light_stage(
+                step, kp * LIGHT_KB, LIGHT_KB, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok,
+                b_s_ptr, bufs, bars, SCALE_K, STAGES, WG, LIGHT_N)
+            step += 1
+        if SCALE_K % LIGHT_KB != 0:
+            acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1 = _light_stage(
+                step, SCALE_K - 1, 1, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok, b_s_ptr,
+                bufs, bars, SCALE_K, STAGES, WG, LIGHT_N)
+            step += 1
+        _store_by_pointer((acc * alpha).to(out_ptr.dtype.element_ty), rows, col, out_ptr, M, N, TRANS_OUT,
+                          LIGHT_N, layout)
+
+
+@gluon.jit
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
-              TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr):
+              TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
+              LIGHT_N: gl.constexpr):
     """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block
-    (`_k_step`)."""
-    _, _, out_desc = descs
+    (`_k_step`); then this program's light tiles, if any (`_light_tiles`)."""
+    out_desc = descs[2]
     c_bufs = bufs[2]
     a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
@@ -262,10 +451,10 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     # The previous tile's output subtiles, converted (bf16 / fp32 registers) but not yet stored.
     out0 = partial.to(out_ptr.dtype.element_ty)
     out1 = out0
-    tiles = _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)
+    tiles = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
     step = 0
     for t in range(tiles):
-        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS)
+        row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=row_layout)
         row_ok = rows < M
         a_s_ptrs = a_scale_ptr + rows * SCALE_K
@@ -281,22 +470,25 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
         acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
             step, 0, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0, out1,
             t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-            TRANS_OUT, EPI_BUFS, WG, mma_layout, True)
+            TRANS_OUT, EPI_BUFS, WG, mma_layout, True, LIGHT_N)
         step += 1
         for kb in range(1, SCALE_K):
             acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
                 step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0,
                 out1, t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
-                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False)
+                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, LIGHT_N)
             step += 1
         out0 = (acc0 * alpha).to(out_ptr.dtype.element_ty)
         out1 = (acc1 * alpha).to(out_ptr.dtype.element_ty)
-    # The last tile's output: no wgmma left to overlap it with.
+    # The last full tile's output: no wgmma left to overlap it with.
     _previous_tile_subtile(out0, tiles, 0, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS,
-                           TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+                           TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
     if SPLIT == 2:
         _previous_tile_subtile(out1, tiles, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
-                               NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout)
+                               NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
+    if LIGHT_N > 0:
+        _light_tiles(step, tiles, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS), bufs, bars, ptrs, M, N, K,
+                     BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -319,7 +511,7 @@ def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False, LIGHT_N: gl.constexpr = 0,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
@@ -351,17 +543,21 @@ def block_fp8_gluon_kernel(
     else:  # placeholders of the partitions' common signature; the pointer store uses neither
         out_desc = a_desc
         c_bufs = gl.allocate_shared_memory(out_ptr.dtype.element_ty, [2 * EPI_BUFS, 8, SUBTILE_N], c_layout)
-    descs = (a_desc, b_desc, out_desc)
+    if LIGHT_N > 0:  # the weight's last LIGHT_N-column tiles: a box of only those rows (`_light_tiles`)
+        light_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [LIGHT_N, BLOCK_K], b_layout)
+    else:
+        light_desc = b_desc
+    descs = (a_desc, b_desc, out_desc, light_desc)
     bufs = (a_bufs, b_bufs, c_bufs)
     bars = (ready, empty, turn)
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 0)),
+                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 1)),
+                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N)),
         (_loader, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                   TRANS_OUT, EPI_BUFS, 0)),
+                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -423,27 +619,58 @@ WIDE_TILES = TileConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_wa
                         kernel="block_fp8_gluon")
 NARROW_TILES = WIDE_TILES.replace(block_n=128, num_stages=4)
 _NARROW_TILE_TIME = 0.56
+# A light tile's time, as a fraction of a wide tile's, by the columns it multiplies. 64: measured (H100,
+# 2026-11-24, K = 7168): 24 us alone (4096 x 64), against ~49 us per wide tile when every SM runs them
+# (4096 x 2112: 124 us for two wide tiles and a light one). A light tile does a quarter of the wgmma work but
+# is bound by its K steps (two K blocks per stage; four stages instead of three were no faster). 128: not
+# measured, an estimate: one K block per stage, as the 64-column tiles had before pairing, when one took
+# 39.5 us alone (longer than a wide tile alone, 30.7 us).
+LIGHT_TILE_TIME = {64: 0.5, 128: 0.8}
 
 
-def _waves(p: GemmProblem, config: TileConfig) -> int:
-    """Rounds of one tile per program that the persistent programs (one per SM) need for p's tiles."""
-    tiles = triton.cdiv(p.batch * p.m, config.block_m) * triton.cdiv(p.n, config.block_n)
-    return triton.cdiv(tiles, config.num_sms)
+def light_columns(n: int, block_n: int) -> int:
+    """How many columns the kernel multiplies of the last column tile when that tile is mostly past N, else
+    0. Such a light tile (N % block_n <= 64, or <= 128 of a 256-wide tile) runs one m64 x 64 (or x 128)
+    wgmma per K block instead of the full tile's, and the light tiles run after all the others, where they
+    fill the last wave: DeepSeek-V3's N = 2112 is 8 wide tiles and 64 columns, so at M = 4096 its 288 tiles
+    were 3 waves of full tiles for 2.06 waves of work (0.72x cuBLAS blockwise, H100)."""
+    rest = n % block_n
+    if 0 < rest <= 64:
+        return 64
+    if block_n == 2 * SUBTILE_COLUMNS and 0 < rest <= SUBTILE_COLUMNS:
+        return SUBTILE_COLUMNS
+    return 0
+
+
+def busiest_program_time(p: GemmProblem, config: TileConfig) -> float:
+    """The time of the busiest persistent program (one per SM) on p's tiles, in wide-tile times: program i
+    runs tiles i, i + num_sms, ..., the full tiles first and the light ones (`light_columns`) last."""
+    tiles_m = triton.cdiv(p.batch * p.m, config.block_m)
+    light = light_columns(p.n, config.block_n)
+    full = tiles_m * (p.n // config.block_n if light else triton.cdiv(p.n, config.block_n))
+    tiles = full + (tiles_m if light else 0)
+    full_time = 1.0 if config.block_n == 2 * SUBTILE_COLUMNS else _NARROW_TILE_TIME
+    programs = min(config.num_sms, tiles)
+    busiest = 0.0
+    for pid in range(programs):
+        mine = triton.cdiv(tiles - pid, programs)
+        full_mine = triton.cdiv(max(full - pid, 0), programs)
+        busiest = max(busiest, full_mine * full_time + (mine - full_mine) * LIGHT_TILE_TIME.get(light, 0.0))
+    return busiest
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """128 x 256 tiles, unless 128 x 128 tiles finish in less time counted in whole waves of tiles.
+    """128 x 256 tiles, unless 128 x 128 tiles keep the busiest program busy for less time.
 
-    Why waves: every program owns one SM and runs its tiles in turn, so the busiest program's tile count,
-    the tile count divided by the SMs and rounded up, sets the time. Where a wide-tile count lands just past
-    a whole wave, narrow tiles can fill the waves better: N = 2112 (DeepSeek-V3's 7168 -> 2112 projection)
-    at M = 2048 has 144 wide tiles, two waves for 1.09 waves of work, or 272 narrow ones, three waves of 0.56;
-    H100 (2026-11-24, kernel time, 3 interleaved rounds): 0.68x -> 0.84x cuBLAS blockwise there, 0.74x ->
-    0.75-0.77x at M = 4096 (benchmarks/results/block_fp8_suite_shapes_h100_2026-11-24_session23.md). The
-    suite's other large shapes keep wide tiles."""
+    Why the busiest program: every program owns one SM and runs its tiles in turn, so the one with the most
+    work sets the time (`busiest_program_time`). Where a wide-tile count lands just past a whole wave,
+    narrow tiles can fill the waves better: at 3072 x 2048 x 4096 192 wide tiles are two waves for 1.45
+    waves of work, 384 narrow ones three waves of 0.56 (0.71x -> 0.82x cuBLAS blockwise, H100, 2026-11-24,
+    benchmarks/results/block_fp8_suite_shapes_h100_2026-11-24_session23.md). The suite's other large shapes
+    keep wide tiles."""
     del target
-    wide = _waves(p, WIDE_TILES)
-    return NARROW_TILES if _waves(p, NARROW_TILES) * _NARROW_TILE_TIME < wide else WIDE_TILES
+    wide = busiest_program_time(p, WIDE_TILES)
+    return NARROW_TILES if busiest_program_time(p, NARROW_TILES) < wide else WIDE_TILES
 
 
 # The kernel can write the product transposed (TRANS_OUT): `primitive` asks for it with transpose_out=True
@@ -475,6 +702,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, STAGES=config.num_stages,
         TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-        TRANS_OUT=bool(transpose_out),
+        TRANS_OUT=bool(transpose_out), LIGHT_N=light_columns(p.n, config.block_n),
     )
     return out.reshape((1, p.n, p.m) if transpose_out else (p.batch, p.m, p.n))

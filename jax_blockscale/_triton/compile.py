@@ -6,6 +6,8 @@ Triton compiles for any target on a CPU: `target="sm_100"` gives sm_100a PTX, `"
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -58,6 +60,9 @@ def compile_kernel(
     if getattr(kernel, "is_gluon", lambda: False)():  # a @gluon.jit kernel: its own front end
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
 
+    # constexpr parameters with defaults take them when not named (as a launch through jax-triton does)
+    constexprs = {**{q.name: q.default for q in kernel.params if q.is_constexpr and q.name not in constexprs
+                     and q.default is not inspect.Parameter.empty}, **constexprs}
     full_signature = dict(signature)
     full_signature.update({name: "constexpr" for name in constexprs})
     # jax-triton promises Triton 16-byte-aligned buffers; say the same here so the compiled code (vector
