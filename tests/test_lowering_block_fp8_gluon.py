@@ -36,10 +36,10 @@ SIG = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scal
 BIG = GemmProblem(1, False, 8192, 8192, 8192, "block_fp8", "block_fp8", "bf16")
 
 
-def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True, light=0):
+def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True):
     config = bg.default_config(BIG).replace(block_n=block_n, num_stages=stages)
     constexprs = dict(M=m, N=n, K=k, BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, NUM_SMS=132, STAGES=stages,
-                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16), LIGHT_N=light)
+                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16))
     return compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature=SIG, constexprs=constexprs,
                           num_warps=4, num_stages=stages, maxnreg=bg.MAX_REGISTERS)
 
@@ -221,7 +221,7 @@ def test_light_tiles_run_their_own_k_loop(m, n, k, block_n, light, blocks, tmp_p
     a 256-row weight buffer holds them (`_light_buffer`). Every wgmma stays asynchronous, nothing spills."""
     assert bg.light_columns(n, block_n) == light
     stages = 3 if block_n == 256 else 4
-    compiled = _compile(m=m, n=n, k=k, block_n=block_n, stages=stages, tma_store=n % 8 == 0, light=light)
+    compiled = _compile(m=m, n=n, k=k, block_n=block_n, stages=stages, tma_store=n % 8 == 0)
     ptx = assembly(compiled)
     widths = {int(w) for w in WGMMA_FP8.findall(ptx)}
     assert light in widths and widths <= {128, light}

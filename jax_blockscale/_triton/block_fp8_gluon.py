@@ -79,6 +79,34 @@ LOADER_REGISTERS = gl.constexpr(56)
 SMEM_BYTES = HOPPER_SMEM_BYTES
 
 
+@gluon.constexpr_function
+def light_columns(n: int, block_n: int) -> int:
+    """How many columns the kernel multiplies of the last column tile when that tile is mostly past N, else
+    0. Such a light tile (N % block_n <= 64, or <= 128 of a 256-wide tile) runs one m64 x 64 (or x 128)
+    wgmma per K block instead of the full tile's, and the light tiles run after all the others, where they
+    fill the last wave: DeepSeek-V3's N = 2112 is 8 wide tiles and 64 columns, so at M = 4096 its 288 tiles
+    were 3 waves of full tiles for 2.06 waves of work (0.72x cuBLAS blockwise, H100)."""
+    rest = n % block_n
+    if 0 < rest <= 64:
+        return 64
+    if block_n == 2 * SUBTILE_COLUMNS and 0 < rest <= SUBTILE_COLUMNS:
+        return SUBTILE_COLUMNS
+    return 0
+
+
+@gluon.constexpr_function
+def _grouped_columns(n: int, block_n: int, light: int) -> int:
+    """Column tiles that run in grouped order: all of them, or (light > 0) all but the light last one."""
+    return n // block_n if light else triton.cdiv(n, block_n)
+
+
+@gluon.constexpr_function
+def _light_k_blocks(block_n: int, light: int) -> int:
+    """K blocks per stage of a light tile: 2 where a stage's 256-row weight buffer holds a second block's 128
+    activation rows and 64 weight rows beside the first's 64 weight rows (`_light_buffer`), else 1."""
+    return 2 if block_n == 2 * SUBTILE_COLUMNS and light == 64 else 1
+
+
 @gluon.jit
 def _program_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    NUM_SMS: gl.constexpr):
@@ -92,8 +120,7 @@ def _full_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
                 NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr):
     """How many of this program's tiles are full-width ones; the rest (light tiles, `light_columns`) follow
     them."""
-    FULL_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N - (LIGHT_N + 127) // 128  # light: LIGHT_N 64 or 128
-    full: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * FULL_N
+    full: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * _grouped_columns(N, BLOCK_N, LIGHT_N)
     return (full - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS  # pid < NUM_SMS: never negative
 
 
@@ -105,7 +132,7 @@ def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLO
     L2). With LIGHT_N > 0 the last column of tiles is light (`light_columns`) and its tiles come after all
     the others, one per row tile: they fill the last wave, where they cost a fraction of a full tile."""
     TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    FULL_N: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N - (LIGHT_N + 127) // 128  # light: LIGHT_N 64 or 128
+    FULL_N: gl.constexpr = _grouped_columns(N, BLOCK_N, LIGHT_N)
     FULL: gl.constexpr = TILES_M * FULL_N
     LAST_FULL: gl.constexpr = FULL - 1
     per_group: gl.constexpr = GROUP_M * FULL_N
@@ -155,9 +182,7 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
             tma.async_copy_global_to_shared(b_desc, [col, kb * 128], bar, b_bufs.index(s))
             step += 1
     if LIGHT_N > 0:
-        # K blocks per light stage: 2 where the 256-row weight buffer holds a second block's 128
-        # activation rows and 64 weight rows beside the first's 64 (LIGHT_N = 64), else 1
-        LIGHT_KB: gl.constexpr = 1 + (BLOCK_N // 256) * (128 // (LIGHT_N + 64))
+        LIGHT_KB: gl.constexpr = _light_k_blocks(BLOCK_N, LIGHT_N)
         BYTES: gl.constexpr = a_desc.block_type.nbytes + light_desc.block_type.nbytes
         for t in range(full, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
             row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -392,7 +417,7 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
     a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
     ROWS: gl.constexpr = BLOCK_M // 2
-    LIGHT_KB: gl.constexpr = 1 + (BLOCK_N // 256) * (128 // (LIGHT_N + 64))  # as in _loader
+    LIGHT_KB: gl.constexpr = _light_k_blocks(BLOCK_N, LIGHT_N)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                      instr_shape=[16, LIGHT_N, 32])
     alpha = gl.load(alpha_ptr)
@@ -511,7 +536,7 @@ def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False, LIGHT_N: gl.constexpr = 0,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
@@ -521,6 +546,7 @@ def block_fp8_gluon_kernel(
     one tile; launched with num_warps=4 (the first consumer), the partitions add 8 more warps.
     """
     BLOCK_K: gl.constexpr = 128  # one promotion per K step: the scale block is the K tile
+    LIGHT_N: gl.constexpr = light_columns(N, BLOCK_N)  # 0: no light tiles
     ROWS: gl.constexpr = BLOCK_M // 2
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv)
@@ -628,26 +654,12 @@ _NARROW_TILE_TIME = 0.56
 LIGHT_TILE_TIME = {64: 0.5, 128: 0.8}
 
 
-def light_columns(n: int, block_n: int) -> int:
-    """How many columns the kernel multiplies of the last column tile when that tile is mostly past N, else
-    0. Such a light tile (N % block_n <= 64, or <= 128 of a 256-wide tile) runs one m64 x 64 (or x 128)
-    wgmma per K block instead of the full tile's, and the light tiles run after all the others, where they
-    fill the last wave: DeepSeek-V3's N = 2112 is 8 wide tiles and 64 columns, so at M = 4096 its 288 tiles
-    were 3 waves of full tiles for 2.06 waves of work (0.72x cuBLAS blockwise, H100)."""
-    rest = n % block_n
-    if 0 < rest <= 64:
-        return 64
-    if block_n == 2 * SUBTILE_COLUMNS and 0 < rest <= SUBTILE_COLUMNS:
-        return SUBTILE_COLUMNS
-    return 0
-
-
 def busiest_program_time(p: GemmProblem, config: TileConfig) -> float:
     """The time of the busiest persistent program (one per SM) on p's tiles, in wide-tile times: program i
     runs tiles i, i + num_sms, ..., the full tiles first and the light ones (`light_columns`) last."""
     tiles_m = triton.cdiv(p.batch * p.m, config.block_m)
     light = light_columns(p.n, config.block_n)
-    full = tiles_m * (p.n // config.block_n if light else triton.cdiv(p.n, config.block_n))
+    full = tiles_m * _grouped_columns(p.n, config.block_n, light)
     tiles = full + (tiles_m if light else 0)
     full_time = 1.0 if config.block_n == 2 * SUBTILE_COLUMNS else _NARROW_TILE_TIME
     programs = min(config.num_sms, tiles)
@@ -702,6 +714,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, STAGES=config.num_stages,
         TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-        TRANS_OUT=bool(transpose_out), LIGHT_N=light_columns(p.n, config.block_n),
+        TRANS_OUT=bool(transpose_out),
     )
     return out.reshape((1, p.n, p.m) if transpose_out else (p.batch, p.m, p.n))
