@@ -6,7 +6,10 @@
 
 The model is `examples/train_tiny.py`'s `TinyLM` (every block projection is a block-scaled `Dense`; the
 embedding, attention core, LayerNorms and the vocab head stay bf16), with `nn.scan` over `nn.remat` blocks,
-and the step is forward + backward + AdamW, jitted. Timing is device-time honest: the step is compiled
+fused causal attention (`jax.nn.dot_product_attention`: cuDNN flash attention on an NVIDIA GPU; `--attention
+naive` materializes the f32 scores as the model did before 2026-11-24), and the layer scan rolled
+(`--scan-unroll N` runs N layers per iteration; unrolled, XLA no longer copies the saved residuals into the
+scan's stacked buffers and back), and the step is forward + backward + AdamW, jitted. Timing is device-time honest: the step is compiled
 and run `--warmup` times first, then each of `--steps` steps is timed on its own with
 `jax.block_until_ready`, and the median is reported (min alongside). Every recipe runs in the same process
 on the same data, so the ratio to bf16 compares like with like. Prints a table and writes a CSV under
@@ -203,6 +206,10 @@ def parse(argv) -> argparse.Namespace:
                    help="sum CUPTI kernel durations per step (default: on when there is a GPU)")
     p.add_argument("--no-kernel-time", dest="kernel_time", action="store_false")
     p.add_argument("--no-remat", action="store_true")
+    p.add_argument("--scan-unroll", type=int, default=1, help="layers per iteration of the layer scan "
+                   "(Config.scan_unroll; the number of layers unrolls it: no stacked residual copies)")
+    p.add_argument("--attention", default="fused", help="the attention core: fused (jax.nn.dot_product_attention, "
+                   "cuDNN on an NVIDIA GPU) or naive (f32 scores materialized, the model before 2026-11-24)")
     p.add_argument("--remat-saves", default="weights+inputs",
                    help="comma-separated Config.remat_saves values (nothing, weights, weights+inputs); each "
                         "quantizing recipe runs once per value, bf16 once (it has nothing to save)")
@@ -222,9 +229,14 @@ def main(argv=None) -> list[dict]:
               f"works, they say nothing about kernel speed.", file=sys.stderr)
         sizes = dict(d_model=128, layers=2, heads=4, seq=128, batch=2, vocab=256)
         a.steps, a.warmup, a.trace_steps = min(a.steps, 3), 1, min(a.trace_steps, 2)
-    cfg = dataclasses.replace(example.Config(), remat=not a.no_remat, **sizes)
+    if a.attention not in example.ATTENTION:
+        raise ValueError(f"--attention must be one of {example.ATTENTION}, got {a.attention!r}")
+    cfg = dataclasses.replace(example.Config(), remat=not a.no_remat, attention=a.attention,
+                              scan_unroll=a.scan_unroll, **sizes)
     target = jb.detect_target()
     device = jax.devices()[0].device_kind
+    # e.g. "fused (cudnn)": which attention kernel the step runs is part of what the ratio means
+    attention = f"fused ({example.attention_implementation()})" if cfg.attention == "fused" else cfg.attention
     print(f"jax {jax.__version__}, {device} (target {target}); {a.preset if backend == 'gpu' else 'tiny'}: {cfg}; "
           f"kernel time {'on' if kernel_time else 'off'}")
 
@@ -252,9 +264,10 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         r["tokens_per_s"] = tokens / r["wall_s"]
     print(f"\n## Training step, {device}, {datetime.date.today().isoformat()} (jax {jax.__version__}; "
-          f"d_model {cfg.d_model}, {cfg.layers} layers, seq {cfg.seq}, batch {cfg.batch}, remat {cfg.remat})\n")
+          f"d_model {cfg.d_model}, {cfg.layers} layers, seq {cfg.seq}, batch {cfg.batch}, remat {cfg.remat}, "
+          f"attention {attention})\n")
     print(report(rows, target, a.top))
-    path = write_csv(rows, a.out, target, device, sizes, cfg, a)
+    path = write_csv(rows, a.out, target, device, sizes, cfg, a, attention)
     print(f"\nwrote {path}")
     return rows
 
@@ -264,14 +277,16 @@ CSV_FIELDS = ["recipe", "remat_saves", "scratch_mib", "median_ms", "min_ms", "ra
               "kernel_launches", "kernel_source", "top_kernels"]
 
 
-def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict, cfg, a) -> pathlib.Path:
+def write_csv(rows: list[dict], out: str, target: str, device: str, sizes: dict, cfg, a, attention: str
+              ) -> pathlib.Path:
     """One CSV row per recipe: the original columns (median_ms is wall clock) plus the kernel-time ones."""
     base = next((r for r in rows if r["recipe"] == "bf16"), None)
     out_dir = pathlib.Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = out_dir / f"train_step_{target}_d{cfg.d_model}_s{cfg.seq}_{stamp}.csv"
-    meta = dict(device=device, target=target, jax=jax.__version__, **sizes, remat=cfg.remat, warmup=a.warmup,
+    meta = dict(device=device, target=target, jax=jax.__version__, **sizes, remat=cfg.remat,
+                attention=attention, scan_unroll=cfg.scan_unroll, warmup=a.warmup,
                 steps=a.steps, trace_steps=a.trace_steps)
     num = lambda v, d=4: f"{v:.{d}g}" if math.isfinite(v) else ""  # noqa: E731
     with open(path, "w", newline="") as f:

@@ -8,7 +8,8 @@ only by the recipe's arithmetic. The models are Flax linen; every projection is 
 `jax_blockscale.nn.linen.Dense` with the recipe, except the output heads, which stay bf16 as is common
 practice for low-precision training. Transformer blocks are stacked with `nn.scan` over `nn.remat`, which
 keeps the quantized weights and projection inputs for the backward (`jax_blockscale.checkpoint_policy`;
-`--remat-saves`).
+`--remat-saves`). The attention core is `jax.nn.dot_product_attention` (cuDNN on an NVIDIA GPU;
+`--attention naive` for the materialized-scores version).
 
 Tasks (synthetic, so nothing is downloaded):
 - MLP: regression onto a fixed random teacher MLP, x ~ N(0, 1), mean squared error.
@@ -61,6 +62,16 @@ class Config:
     # 5.6 in quantization and keeps ~0.6 GB more, benchmarks/train_step.py). bf16 layers have nothing named,
     # so for them all three recompute everything.
     remat_saves: str = "weights+inputs"
+    # The attention core (bf16 in every recipe): "fused" is jax.nn.dot_product_attention, cuDNN's flash
+    # attention on an NVIDIA GPU and XLA's elsewhere; "naive" materializes the (B, H, S, S) f32 scores
+    # (what this model did until 2026-11-24: at d_model 2048, seq 2048 that is 2 GiB per layer and about
+    # 40% of a bf16 training step on an H100, a cost no real model pays).
+    attention: str = "fused"
+    # Layers per iteration of the layer scan (nn.scan's unroll; `layers` unrolls it fully). Rolled, every
+    # residual the blocks save is copied into the scan's stacked buffer and back out for the backward (XLA
+    # cannot write a custom call's output into a slice of that buffer, nor hand a slice to one); unrolled,
+    # XLA drops the stacking.
+    scan_unroll: int = 1
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -85,6 +96,7 @@ class Block(nn.Module):
     d_model: int
     heads: int
     recipe: str
+    attention: str = "fused"
 
     @nn.compact
     def __call__(self, x: jax.Array, _) -> tuple[jax.Array, None]:  # x (B, S, D)
@@ -92,15 +104,32 @@ class Block(nn.Module):
         dense = lambda f: Dense(f, recipe=self.recipe, dtype=jnp.bfloat16)  # noqa: E731
         h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
         q, k, v = jnp.split(dense(3 * d)(h).reshape(b, s, 3 * self.heads, d // self.heads), 3, axis=2)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        logits = logits / np.sqrt(d // self.heads)
-        mask = jnp.tril(jnp.ones((s, s), bool))
-        probs = jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1).astype(jnp.bfloat16)
-        attn = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, d)
-        x = x + dense(d)(attn)
+        x = x + dense(d)(causal_attention(q, k, v, self.attention).reshape(b, s, d))
         h = nn.LayerNorm(dtype=jnp.bfloat16)(x)
         x = x + dense(d)(nn.gelu(dense(4 * d)(h)))
         return x, None
+
+
+ATTENTION = ("fused", "naive")
+
+
+def attention_implementation() -> str:
+    """jax.nn.dot_product_attention's implementation here: cuDNN on an NVIDIA GPU (its `None` means XLA)."""
+    device = jax.devices()[0]
+    return "cudnn" if device.platform == "gpu" and "cuda" in device.client.platform_version.lower() else "xla"
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, kind: str) -> jax.Array:
+    """Causal softmax attention, (B, S, H, Dh) bf16 each -> (B, S, H, Dh) bf16; `kind` from ATTENTION."""
+    if kind == "fused":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_implementation())
+    if kind != "naive":
+        raise ValueError(f"attention must be one of {ATTENTION}, got {kind!r}")
+    s = q.shape[1]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((s, s), bool))
+    probs = jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1).astype(jnp.bfloat16)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
 REMAT_SAVES = ("nothing", "weights", "weights+inputs")
@@ -126,8 +155,9 @@ class TinyLM(nn.Module):
             "pos", nn.initializers.normal(0.02), (c.seq, c.d_model))[: tokens.shape[1]]
         x = x.astype(jnp.bfloat16)
         block = nn.remat(Block, policy=remat_policy(c.remat_saves)) if c.remat else Block
-        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True}, length=c.layers)
-        x, _ = stack(c.d_model, c.heads, self.recipe, name="blocks")(x, None)
+        stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True}, length=c.layers,
+                        unroll=c.scan_unroll)
+        x, _ = stack(c.d_model, c.heads, self.recipe, c.attention, name="blocks")(x, None)
         x = nn.LayerNorm(dtype=jnp.bfloat16)(x)
         return nn.Dense(c.vocab, dtype=jnp.bfloat16, name="head")(x).astype(jnp.float32)
 

@@ -44,3 +44,23 @@ def test_plot_is_skipped_without_matplotlib(train_tiny, tmp_path, monkeypatch, c
     assert train_tiny.plot({"mlp": {"bf16": np.ones(3)}}, str(tmp_path / "x.png")) is None
     assert "skipping the loss-curve plot" in capsys.readouterr().out
     assert not (tmp_path / "x.png").exists()
+
+
+def test_fused_attention_matches_the_naive_core(train_tiny):
+    """The default attention core (jax.nn.dot_product_attention; XLA's off NVIDIA GPUs) is the same causal
+    softmax attention as the naive one the benchmarks used before: same outputs to bf16 rounding, and the
+    first position attends to itself only."""
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v = (jax.random.normal(key, (2, 48, 3, 32), jnp.float32).astype(jnp.bfloat16)
+               for key in jax.random.split(jax.random.key(1), 3))
+    fused = train_tiny.causal_attention(q, k, v, "fused").astype(jnp.float32)
+    naive = train_tiny.causal_attention(q, k, v, "naive").astype(jnp.float32)
+    assert fused.shape == naive.shape == q.shape
+    assert float(jnp.max(jnp.abs(fused - naive))) <= 2e-2
+    assert bool(jnp.all(fused[:, 0] == v[:, 0].astype(jnp.float32)))
+    if jax.default_backend() == "cpu":
+        assert train_tiny.attention_implementation() == "xla"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        train_tiny.causal_attention(q, k, v, "flash")

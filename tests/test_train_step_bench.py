@@ -57,6 +57,11 @@ def test_remat_saves_runs_each_quantizing_recipe_per_value(tmp_path):
         ("bf16", "-"), ("fp8_deepseek", "nothing"), ("fp8_deepseek", "weights+inputs")]
     with pytest.raises(ValueError, match="remat_saves must be one of"):
         train_step.main(["--recipes", "bf16", "--remat-saves", "all", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--attention must be one of"):
+        train_step.main(["--recipes", "bf16", "--attention", "flash", "--out", str(tmp_path)])
+    (row,) = train_step.main(["--recipes", "bf16", "--attention", "naive", "--no-kernel-time", "--steps", "1",
+                              "--out", str(tmp_path)])
+    assert row["wall_s"] > 0
 
 
 def test_cpu_run_writes_kernel_columns(tmp_path):
@@ -67,6 +72,7 @@ def test_cpu_run_writes_kernel_columns(tmp_path):
     with open(path, newline="") as f:
         (r,) = list(csv.DictReader(f))
     assert set(train_step.CSV_FIELDS) <= set(r)
+    assert r["attention"] in ("fused (xla)", "fused (cudnn)")
     assert float(r["median_ms"]) > 0 and r["ratio_vs_bf16"] == "1"
     if r["kernel_ms"]:  # a GPU
         assert float(r["kernel_ms"]) > 0 and r["top_kernels"]
