@@ -5,13 +5,13 @@
     python benchmarks/train_step.py --recipes bf16,mxfp8 --steps 20 --no-kernel-time
 
 The model is `examples/train_tiny.py`'s `TinyLM` (every block projection is a block-scaled `Dense`; the
-embedding, attention core, LayerNorms and the vocab head stay bf16), with `nn.scan` over `nn.remat` blocks,
-fused causal attention (`jax.nn.dot_product_attention`: cuDNN flash attention on an NVIDIA GPU; `--attention
-naive` materializes the f32 scores as the model did before 2026-11-24), and the layer scan rolled
-(`--scan-unroll N` runs N layers per iteration; unrolled, XLA no longer copies the saved residuals into the
-scan's stacked buffers and back), and the step is forward + backward + AdamW, jitted. Timing is device-time honest: the step is compiled
-and run `--warmup` times first, then each of `--steps` steps is timed on its own with
-`jax.block_until_ready`, and the median is reported (min alongside). Every recipe runs in the same process
+embedding, attention core, LayerNorms and the vocab head stay bf16), with `nn.scan` over `nn.remat` blocks.
+Its attention core is fused (`jax.nn.dot_product_attention`: cuDNN flash attention on an NVIDIA GPU;
+`--attention naive` materializes the f32 scores, as the model did before 2026-11-24), and its layer scan is
+rolled (`--scan-unroll N` runs N layers per iteration; unrolled, XLA no longer copies the saved residuals
+into the scan's stacked buffers and back). The step is forward + backward + AdamW, jitted. Timing is
+device-time honest: the step is compiled and run `--warmup` times first, then each of `--steps` steps is
+timed on its own with `jax.block_until_ready`, and the median is reported (min alongside). Every recipe runs in the same process
 on the same data, so the ratio to bf16 compares like with like. Prints a table and writes a CSV under
 benchmarks/results/. Which kernel each recipe's GEMMs use on this target (native, upcast, reference) is
 printed too: on Hopper only block FP8 has a native MMA; MX and nvfp4 are decoded to bf16 in registers.
