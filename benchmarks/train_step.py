@@ -229,8 +229,7 @@ def main(argv=None) -> list[dict]:
               f"works, they say nothing about kernel speed.", file=sys.stderr)
         sizes = dict(d_model=128, layers=2, heads=4, seq=128, batch=2, vocab=256)
         a.steps, a.warmup, a.trace_steps = min(a.steps, 3), 1, min(a.trace_steps, 2)
-    if a.attention not in example.ATTENTION:
-        raise ValueError(f"--attention must be one of {example.ATTENTION}, got {a.attention!r}")
+    example.check_attention(a.attention, "--attention")  # before anything compiles
     cfg = dataclasses.replace(example.Config(), remat=not a.no_remat, attention=a.attention,
                               scan_unroll=a.scan_unroll, **sizes)
     target = jb.detect_target()

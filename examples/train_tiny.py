@@ -119,12 +119,17 @@ def attention_implementation() -> str:
     return "cudnn" if device.platform == "gpu" and "cuda" in device.client.platform_version.lower() else "xla"
 
 
+def check_attention(kind: str, name: str = "attention") -> None:
+    """ValueError unless `kind` is one of ATTENTION (`name`: what the message calls it, e.g. a flag)."""
+    if kind not in ATTENTION:
+        raise ValueError(f"{name} must be one of {ATTENTION}, got {kind!r}")
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, kind: str) -> jax.Array:
     """Causal softmax attention, (B, S, H, Dh) bf16 each -> (B, S, H, Dh) bf16; `kind` from ATTENTION."""
+    check_attention(kind)
     if kind == "fused":
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_implementation())
-    if kind != "naive":
-        raise ValueError(f"attention must be one of {ATTENTION}, got {kind!r}")
     s = q.shape[1]
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(q.shape[-1])
     mask = jnp.tril(jnp.ones((s, s), bool))

@@ -108,11 +108,17 @@ def _light_k_blocks(block_n: int, light: int) -> int:
 
 
 @gluon.jit
+def _tiles_below(count: gl.constexpr, NUM_SMS: gl.constexpr):
+    """How many of tiles 0 .. count - 1 this program runs: pid, pid + NUM_SMS, ... (pid < NUM_SMS: never
+    negative)."""
+    return (count - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS
+
+
+@gluon.jit
 def _program_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    NUM_SMS: gl.constexpr):
-    """How many tiles this program runs: pid, pid + NUM_SMS, ... below the tile count."""
-    tiles: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-    return (tiles - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS
+    """How many tiles this program runs."""
+    return _tiles_below(((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N), NUM_SMS)
 
 
 @gluon.jit
@@ -120,8 +126,7 @@ def _full_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N
                 NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr):
     """How many of this program's tiles are full-width ones; the rest (light tiles, `light_columns`) follow
     them."""
-    full: gl.constexpr = ((M + BLOCK_M - 1) // BLOCK_M) * _grouped_columns(N, BLOCK_N, LIGHT_N)
-    return (full - gl.program_id(0) + NUM_SMS - 1) // NUM_SMS  # pid < NUM_SMS: never negative
+    return _tiles_below(((M + BLOCK_M - 1) // BLOCK_M) * _grouped_columns(N, BLOCK_N, LIGHT_N), NUM_SMS)
 
 
 @gluon.jit
@@ -183,31 +188,32 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
             step += 1
     if LIGHT_N > 0:
         LIGHT_KB: gl.constexpr = _light_k_blocks(BLOCK_N, LIGHT_N)
-        BYTES: gl.constexpr = a_desc.block_type.nbytes + light_desc.block_type.nbytes
         for t in range(full, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
             row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
             for kp in range(SCALE_K // LIGHT_KB):
-                s = step % STAGES
-                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
-                mbarrier.expect(bar, LIGHT_KB * BYTES)
-                for j in gl.static_range(LIGHT_KB):
-                    kb = kp * LIGHT_KB + j
-                    tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar,
-                                                    _light_buffer(a_bufs, b_bufs, s, j, 0, 128, LIGHT_N))
-                    tma.async_copy_global_to_shared(light_desc, [col, kb * 128], bar,
-                                                    _light_buffer(a_bufs, b_bufs, s, j, 1, LIGHT_N, LIGHT_N))
+                _light_load(step, row, col, kp * LIGHT_KB, LIGHT_KB, a_desc, light_desc, bufs, bars, STAGES, LIGHT_N)
                 step += 1
             if SCALE_K % LIGHT_KB != 0:  # an odd K block count: the last step holds one
-                s = step % STAGES
-                mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
-                mbarrier.expect(bar, BYTES)
-                tma.async_copy_global_to_shared(a_desc, [row, (SCALE_K - 1) * 128], bar,
-                                                _light_buffer(a_bufs, b_bufs, s, 0, 0, 128, LIGHT_N))
-                tma.async_copy_global_to_shared(light_desc, [col, (SCALE_K - 1) * 128], bar,
-                                                _light_buffer(a_bufs, b_bufs, s, 0, 1, LIGHT_N, LIGHT_N))
+                _light_load(step, row, col, SCALE_K - 1, 1, a_desc, light_desc, bufs, bars, STAGES, LIGHT_N)
                 step += 1
+
+
+@gluon.jit
+def _light_load(step, row, col, kb, KB: gl.constexpr, a_desc, light_desc, bufs, bars, STAGES: gl.constexpr,
+                LIGHT_N: gl.constexpr):
+    """The loader's step of a light tile: K blocks kb .. kb + KB - 1 of its activation rows and live weight
+    rows into stage step % STAGES (`_light_buffer`), once both consumers have released it."""
+    a_bufs, b_bufs, _ = bufs
+    ready, empty, _ = bars
+    s = step % STAGES
+    mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+    bar = ready.index(s)
+    mbarrier.expect(bar, KB * (a_desc.block_type.nbytes + light_desc.block_type.nbytes))
+    for j in gl.static_range(KB):
+        tma.async_copy_global_to_shared(a_desc, [row, (kb + j) * 128], bar,
+                                        _light_buffer(a_bufs, b_bufs, s, j, 0, 128, LIGHT_N))
+        tma.async_copy_global_to_shared(light_desc, [col, (kb + j) * 128], bar,
+                                        _light_buffer(a_bufs, b_bufs, s, j, 1, LIGHT_N, LIGHT_N))
 
 
 @gluon.jit
