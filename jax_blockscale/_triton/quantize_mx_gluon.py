@@ -44,7 +44,9 @@ encoded (8-bit ones by the hardware's e4m3x2 / e5m2x2 -> f16x2 conversion, the o
 times the block scale in float32 (exact), one rounding to bf16. H100 (2026-11-24, `DECODED_CONFIGS`): mxfp8 +
 transposed 0.70x, nvfp4 + transposed mxfp8 0.88x, counting the bf16 written; since session 25 one-byte MX rows
 put a block's lanes side by side (whole-sector stores): mxfp8 + transposed 200.9 -> 176.9 us (about 0.79x),
-Nsight Compute at 8192^2. tests/test_gpu_quantize_decoded.py compares the bits with the jnp path's.
+Nsight Compute at 8192^2; since session 26 one-byte MX columns too (a block's 32 rows over 4 lanes, 8 columns
+per thread; `_decoded_columns`): kernel time mxfp8 + transposed 170.0 -> 155.7 us (0.89x), nvfp4 + transposed
+mxfp8 157.9 -> 149.3 us (0.93x). tests/test_gpu_quantize_decoded.py compares the bits with the jnp path's.
 """
 
 from __future__ import annotations
@@ -158,6 +160,30 @@ def _decoded_block_lanes(blocks, lanes_per_block):
     return min(blocks, 32 // lanes_per_block)
 
 
+@gluon.constexpr_function
+def _column_block_lanes(block_rows, block_lanes):
+    """Column side, DECODED: lanes along one block's rows (8 rows each where the warp has room for it)."""
+    return min(block_rows // DECODED_LANE_ELEMENTS, 32 // block_lanes)
+
+
+@gluon.constexpr_function
+def _decoded_columns(blocks, block_rows, lanes, columns, warps, rows_first):
+    """Column side, DECODED: (blocks, block_rows, strip columns) with each lane holding block_rows / lanes
+    consecutive rows of `columns` adjacent columns, `lanes` lanes along a block's rows, `blocks` lanes along
+    consecutive blocks, the rest of the warp and the warps along columns. rows_first orders a lane's
+    registers rows first (stores along x^T's rows), else columns first (loads along x's rows); lanes and warps
+    are the same either way, so converting between the two moves no data."""
+    def bases(dim, count, first):
+        return [[first << i if d == dim else 0 for d in range(3)] for i in range(count.bit_length() - 1)]
+
+    rows = block_rows // lanes
+    column_lanes = 32 // (blocks * lanes)
+    regs = (bases(1, rows, 1) + bases(2, columns, 1)) if rows_first else (bases(2, columns, 1) + bases(1, rows, 1))
+    lane = bases(1, lanes, rows) + bases(2, column_lanes, columns) + bases(0, blocks, 1)
+    warp = bases(2, warps, columns * column_lanes)
+    return gl.DistributedLinearLayout(regs, lane, warp, [], [blocks, block_rows, columns * column_lanes * warps])
+
+
 @gluon.jit
 def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                          R: gl.constexpr, C: gl.constexpr, TR: gl.constexpr, TC: gl.constexpr,
@@ -255,9 +281,18 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
 
     if C_KIND != "none":
         CB: gl.constexpr = C_TH
-        SC: gl.constexpr = (32 // CL) * CC * W  # columns per strip; CL lanes lie along consecutive blocks
-        COLS: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [2, 1, 0])      # loads
-        COLS_OUT: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])  # stores
+        if DECODED and C_EPB == 1:
+            # A block's rows over CLB lanes (8 rows, 16 bytes of bf16 each), side by side along x^T's row, so
+            # every store fills whole sectors, as on the row side (whole blocks per thread wrote each sector
+            # in two halves).
+            CLB: gl.constexpr = _column_block_lanes(CB, CL)
+            SC: gl.constexpr = (32 // (CL * CLB)) * CC * W  # columns per strip
+            COLS: gl.constexpr = _decoded_columns(CL, CB, CLB, CC, W, False)     # loads
+            COLS_OUT: gl.constexpr = _decoded_columns(CL, CB, CLB, CC, W, True)  # stores
+        else:
+            SC: gl.constexpr = (32 // CL) * CC * W  # columns per strip; CL lanes lie along consecutive blocks
+            COLS: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [2, 1, 0])      # loads
+            COLS_OUT: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])  # stores
         COLS_PAIRS: gl.constexpr = gl.BlockedLayout([1, CB // 2, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])
         OUT: gl.constexpr = COLS_PAIRS if C_EPB == 2 else COLS_OUT
         ts_c = gl.load(ts_ptr + 1)
@@ -344,11 +379,13 @@ CONFIGS = {
 }
 _UNUSED = dict(row_thread_columns=32, column_thread_columns=2, column_block_lanes=4, maxnreg=0)
 # Decoded values (DECODED: bf16 out, 2 bytes per element and side), where they differ from CONFIGS: same sweep
-# with --decoded (benchmarks/results/quant_decoded_h100_2026-11-24_session20.md). nvfp4 + transposed mxfp8
-# 157.9 us (0.88x) against 193.4 us with the codes' settings; mxfp8 + transposed keeps them (197.8 us, the
-# best variant 191.9 us: within run-to-run spread).
+# with --decoded (benchmarks/results/quant_decoded_h100_2026-11-24_session20.md), then, with a one-byte MX
+# column side's block over 4 lanes (session 26, benchmarks/results/quant_decoded_columns_h100_2026-11-24_
+# session26.md): 8 columns per thread give 16-byte loads of x. mxfp8 + transposed 155.7 us (0.89x) against
+# 170.0 us before the column layout; nvfp4 + transposed mxfp8 149.3 us (0.93x) against 157.9.
 DECODED_CONFIGS = {
-    ("nvfp4", "mx"): dict(num_warps=8, tile=(64, 128), row_thread_columns=16, column_thread_columns=1,
+    ("mx", "mx"): dict(num_warps=8, tile=(128, 128), column_thread_columns=8, column_block_lanes=4),
+    ("nvfp4", "mx"): dict(num_warps=8, tile=(64, 128), row_thread_columns=16, column_thread_columns=4,
                           column_block_lanes=2),
 }
 
@@ -371,7 +408,7 @@ def default_config(row, col, decoded: bool = False) -> dict:
         return {**_UNUSED, **DECODED_CONFIGS[key]}
     if key not in CONFIGS:
         key = (key[1], key[1])  # every kind has a row-only entry and a pair with itself
-    cfg = {**_UNUSED, **CONFIGS[key]}
+    cfg = {**_UNUSED, **(DECODED_CONFIGS if decoded and key in DECODED_CONFIGS else CONFIGS)[key]}
     if row.fmt is not None:  # whole blocks per thread (the listed pair's row side may have had other blocks)
         cfg["row_thread_columns"] = max(cfg["row_thread_columns"], row.fmt.block)
     return cfg
@@ -388,8 +425,9 @@ def preferred(row, col) -> bool:
     return col.fmt is not None or isinstance(row.fmt, NVFP4Format)
 
 
-def check_config(row, col, cfg: dict) -> None:
-    """ValueError unless cfg's tile holds whole strips and blocks of both sides."""
+def check_config(row, col, cfg: dict, decoded: bool = False) -> None:
+    """ValueError unless cfg's tile holds whole strips and blocks of both sides (decoded: the kernel's
+    DECODED layouts)."""
     w, (tr, tc) = cfg["num_warps"], cfg["tile"]
     rt, cc, cl = cfg["row_thread_columns"], cfg["column_thread_columns"], cfg["column_block_lanes"]
     if w not in (1, 2, 4, 8, 16) or cl > 32 or any(v <= 0 or v & (v - 1) for v in (tr, tc, rt, cc, cl)):
@@ -402,10 +440,12 @@ def check_config(row, col, cfg: dict) -> None:
                              f"strips of {(32 * rt // max(tc, 1)) * w} rows")
     if col.fmt is not None:
         cb = col.fmt.block
-        if tr % (cb * cl) or tc % ((32 // cl) * cc * w):
+        # Decoded one-byte codes spread a block's rows over lanes (the kernel's CLB), narrowing the strip.
+        block_lanes = int(_column_block_lanes(cb, cl)) if decoded and col.fmt.elements_per_byte == 1 else 1
+        if tr % (cb * cl) or tc % ((32 // (cl * block_lanes)) * cc * w):
             raise ValueError(f"column side ({cb}-row blocks, {cl} lanes along them): the tile's {tr} rows must "
                              f"hold whole passes of {cb * cl} rows and its {tc} columns whole strips of "
-                             f"{(32 // cl) * cc * w}")
+                             f"{(32 // (cl * block_lanes)) * cc * w}")
 
 
 def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> Optional[str]:
@@ -458,7 +498,7 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
     if unknown:
         raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {list(CONFIG_KEYS)}")
     cfg = {**default_config(row, col, decoded), **config}
-    check_config(row, col, cfg)
+    check_config(row, col, cfg, decoded)
     b, r, c = x3.shape
     tr, tc = cfg["tile"]
     return scratch.scratch_call(
