@@ -108,6 +108,28 @@ def test_launch_rejects_unknown_settings():
         qg.launch(jnp.zeros((1, 128, 128), jnp.bfloat16), jnp.ones((2,)), Side(ROW), Side(T1), [], 90, warps=8)
 
 
+def test_launch_rejects_partial_runs():
+    x = jnp.zeros((1, 128, 128), jnp.bfloat16)
+    with pytest.raises(ValueError, match="whole runs of 16"):
+        qg.launch(x, None, Side(ROW), Side(T1), [], 90, row_thread_columns=8)
+    with pytest.raises(ValueError, match="whole runs of 16"):
+        qg.launch(x, None, Side(ROW), Side(T1), [], 90, column_thread_tile=(2, 16))
+
+
+@pytest.mark.parametrize("rows", [8, 16, 32, 64])
+def test_column_rows_come_in_runs_of_16_per_store(rows):
+    """A thread's rows of a column are runs of at most 16 (one 16-byte store of codes), the lanes' runs
+    adjacent: each store fills whole sectors (H100, f32 8192^2 fp8 1x128 + transposed: 184.2 -> 163.8 us)."""
+    layout = qg._column_layout(8, rows, 1, True)
+    run = min(rows, 16)
+    assert [b[0] for b in layout.reg_bases[:run.bit_length() - 1]] == [1 << i for i in range(run.bit_length() - 1)]
+    lane_rows = [b[0] for b in layout.lane_bases if b[0]]
+    assert lane_rows[0] == run and len(lane_rows) == (128 // rows).bit_length() - 1
+    # every row of the block is held exactly once by (register, lane) bases
+    row_bases = [b[0] for b in layout.reg_bases + layout.lane_bases if b[0]]
+    assert sorted(row_bases) == [1 << i for i in range(7)]
+
+
 def test_quantizer_says_which_kernel():
     assert "quantize_fp8_gluon" in jb.quantizer("fp8_block", target="sm_90", block=(1, 128))
     assert "quantize_fp8_gluon" not in jb.quantizer("fp8_block", target="gfx950", block=(1, 128))

@@ -44,10 +44,18 @@ from . import launch as scratch
 from .quantize_kernels import _encode_hw, _fp8_block_scale, _quotient_parts, _quotient_signed
 
 TILE = 128  # rows and columns of a program's tile: one block of each side (1 x 128 and 128 x 1 or 128 x 128)
+# Elements a thread stores together on either side: 16 one-byte codes, one 16-byte store. Where a thread holds
+# more (RC columns of a row, CR rows of a column), they are runs of RUN at a stride of the lanes' runs, so the
+# lanes along a row (x^T's row) store adjacent runs and each store instruction fills whole 32-byte sectors;
+# RC or CR consecutive elements per thread wrote every sector in two halves, one per store.
+RUN = 16
+ROW_RUN = gl.constexpr(RUN)
+
+
 @gluon.constexpr_function
 def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
-    """The column side's (128, columns) layout: a thread holds rows_per_thread consecutive rows of
-    cols_per_thread columns, the lanes of a warp cover all 128 rows (a column's amax never leaves the
+    """The column side's (128, columns) layout: a thread holds rows_per_thread rows (runs of RUN
+    consecutive ones) of cols_per_thread columns, the lanes of a warp cover all 128 rows (a column's amax never leaves the
     warp), the warps sit side by side. Two register orders of the same ownership (converting between them
     moves no data): columns first, so a row's columns are one vector load; rows first, so a column's codes
     are one vector store into x^T's row."""
@@ -55,9 +63,10 @@ def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
         return [[step << i, 0] if axis == 0 else [0, step << i] for i in range(n.bit_length() - 1)]
     lanes_r = 128 // rows_per_thread
     lanes_c = 32 // lanes_r
-    rows = bits(rows_per_thread, 1, 0)
+    run = min(rows_per_thread, RUN)  # (RUN above)
+    rows = bits(run, 1, 0) + bits(rows_per_thread // run, run * lanes_r, 0)
     cols = bits(cols_per_thread, 1, 1)
-    lanes = bits(lanes_r, rows_per_thread, 0) + bits(lanes_c, cols_per_thread, 1)
+    lanes = bits(lanes_r, run, 0) + bits(lanes_c, cols_per_thread, 1)
     warps = bits(num_warps, cols_per_thread * lanes_c, 1)
     return gl.DistributedLinearLayout(rows + cols if rows_first else cols + rows, lanes, warps, [],
                                       [128, cols_per_thread * lanes_c * num_warps])
@@ -88,7 +97,8 @@ def quantize_fp8_1x128_t_kernel(x_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
     Needs R * C < 2**31 (in-batch offsets are int32) and num_warps dividing 32."""
     W: gl.constexpr = gl.num_warps()
     SR: gl.constexpr = (32 * RC // 128) * W  # rows per row-side strip
-    ROWS: gl.constexpr = gl.BlockedLayout([1, RC], [32 * RC // 128, 128 // RC], [W, 1], [1, 0])
+    # A thread's RC columns of a row: RC / ROW_RUN runs (RUN above).
+    ROWS: gl.constexpr = gl.BlockedLayout([1, ROW_RUN], [32 * RC // 128, 128 // RC], [W, 1], [1, 0])
     COLS: gl.constexpr = _column_layout(W, CR, CC, False)
     COLS_OUT: gl.constexpr = _column_layout(W, CR, CC, True)
     SC: gl.constexpr = CC * (32 // (128 // CR)) * W  # columns per column-side strip
@@ -161,7 +171,10 @@ _INPUT_DTYPES = ("bfloat16", "float16", "float32")
 # shapes were slower for both (up to 2.4x). Session 13 (after the quotient residual lost an FFMA per element;
 # benchmarks/results/quant_fp8_gluon_h100_2026-11-23_session13_variants.md): for 1 x 128 + transposed, 16 x 2
 # column tiles with 32 row columns, capped at 80, ran 114.9 us (0.820x) against 117.8-117.9 us (0.799-0.800x)
-# for 32 x 1; the 128 x 128 case keeps 32 x 1 (112.7 us, 0.828x).
+# for 32 x 1; the 128 x 128 case keeps 32 x 1 (112.7 us, 0.828x). Session 26, stores in runs of 16 (RUN;
+# benchmarks/results/quant_decoded_columns_h100_2026-11-24_session26.md), same settings, same run: bf16 1 x 128 +
+# transposed 115.0 -> 113.8 us (0.828x), + 128 x 128 transposed 112.6 -> 110.6 us (0.846x); float32 input
+# 184.2 -> 163.8 us and 183.0 -> 160.5 us. The other settings tried there stayed within about 2% for bf16.
 CONFIGS = {
     1: dict(num_warps=8, column_thread_tile=(16, 2), row_thread_columns=32, maxnreg=80),
     128: dict(num_warps=8, column_thread_tile=(32, 1), row_thread_columns=32, maxnreg=80),
@@ -214,6 +227,10 @@ def launch(x3, ts, row, col, out_shapes, compute_capability: int, cvt: str = "hw
         raise ValueError(f"unknown launch settings {sorted(unknown)}; expected some of {sorted(CONFIGS[col_tile])}")
     cfg = {**CONFIGS[col_tile], **config}
     cr, cc = cfg["column_thread_tile"]
+    rc = cfg["row_thread_columns"]
+    if rc % RUN or 128 % rc or 128 % cr or 32 % (128 // cr):
+        raise ValueError(f"a thread holds whole runs of {RUN} columns of a row ({rc} given) and of a 128-row "
+                         f"block's rows, which 32 lanes cover ({cr} given)")
     return scratch.scratch_call(
         quantize_fp8_1x128_t_kernel, x3,
         out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in out_shapes],
