@@ -83,14 +83,16 @@ GLUON_VARIANTS = [{}] + [dict(num_warps=w, column_thread_tile=ct, row_thread_col
     for ct, rc in (((32, 1), 32), ((16, 2), 16)) for m in (64, 80)]
 
 
-def gluon_mx_variants(row, col) -> list[dict]:
+def gluon_mx_variants(row, col, decoded: bool = False) -> list[dict]:
     """The Gluon MX / nvfp4 kernel's launch variants for a pair (`quantize_mx_gluon.CONFIG_KEYS`), {} first
     (the defaults): warps; with a column side, its lanes along consecutive blocks (the tile one pass of
     them high), columns per thread and one or two strips wide; without, 16-64 rows by 128 or 256 columns;
     the row side's columns per thread (two blocks, or one nvfp4 block: without a column side, or with one
-    strip); then the defaults under register caps."""
+    strip); then the defaults under register caps. decoded: the DECODED kernel's (its one-byte MX columns
+    spread a block over lanes, so their strips are narrower and hold up to 8 columns per thread)."""
     rs, cs = qk.Side(row), qk.Side(col)
-    base = qm.default_config(rs, cs)
+    base = qm.default_config(rs, cs, decoded)
+    spread = decoded and col is not None and col.elements_per_byte == 1
     shapes = []  # (warps, tile, column lanes, column columns per thread, row columns per thread)
     one_block = sorted({row.block, 32}) if row is not None else [32]
     for w in (4, 8):
@@ -98,14 +100,15 @@ def gluon_mx_variants(row, col) -> list[dict]:
             shapes += [(w, (tr, tc), base["column_block_lanes"], base["column_thread_columns"], rt)
                        for tr in (16, 32, 64) for tc in (128, 256) for rt in one_block]
             continue
-        for cl, cc, strips in itertools.product((2, 4, 8), (1, 2), (1, 2)):
-            shapes += [(w, (col.block * cl, (32 // cl) * cc * w * strips), cl, cc, rt)
+        for cl, cc, strips in itertools.product((2, 4, 8), (1, 2, 4, 8) if spread else (1, 2), (1, 2)):
+            lanes = int(qm._column_block_lanes(col.block, cl)) if spread else 1
+            shapes += [(w, (col.block * cl, (32 // (cl * lanes)) * cc * w * strips), cl, cc, rt)
                        for rt in (one_block if strips == 1 else [32])]
     out = [{}]
     for w, tile, cl, cc, rt in shapes:
         cfg = dict(num_warps=w, tile=tile, row_thread_columns=rt, column_thread_columns=cc, column_block_lanes=cl)
         try:
-            qm.check_config(rs, cs, {**base, **cfg})
+            qm.check_config(rs, cs, {**base, **cfg}, decoded)
         except ValueError:
             continue
         if {**base, **cfg} != base:
@@ -224,8 +227,9 @@ def main() -> None:
         if (args.gluon or args.gluon_variants) and module is not None:
             every = GLUON_VARIANTS if module is qg else gluon_mx_variants(row, col)
             chosen = every if args.gluon_variants else every[:1]
-            if args.decoded and module is qm:  # each Gluon MX variant writing decoded values, then codes
-                chosen = [dict(v, decoded=True) for v in chosen] + chosen
+            if args.decoded and module is qm:  # the Gluon MX variants writing decoded values, then codes
+                decoded = gluon_mx_variants(row, col, True) if args.gluon_variants else [{}]
+                chosen = [dict(v, decoded=True) for v in decoded] + chosen
             todo = chosen + todo
         for variant in todo:
             if time.perf_counter() - start > args.time_budget:
