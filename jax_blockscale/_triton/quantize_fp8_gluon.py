@@ -12,9 +12,10 @@ registers, 25% occupancy, 1.3 eligible warps per scheduler, 175.8 us = 0.54x an 
 
 Gluon lets each side read the tile in its own layout (`CONFIGS` holds the measured sizes):
 
-    rows     BlockedLayout([1, RC], ...)   a thread holds RC (16 or 32) consecutive columns of a row: 16-byte
-                                           loads of bf16 and 16-byte stores of codes; a row's 128 columns are
-                                           128 / RC lanes of one warp (2-3 shuffles per amax); strips of rows.
+    rows     BlockedLayout([1, 16], ...)   a thread holds RC (16 or 32) columns of a row in runs of 16 at the
+                                           lanes' stride: 16-byte loads of bf16 and 16-byte stores of codes
+                                           that fill whole sectors (`RUN`); a row's 128 columns are 128 / RC
+                                           lanes of one warp (2-3 shuffles per amax); strips of rows.
     columns  _column_layout(...)           a thread holds CR consecutive rows of CC columns; a column's 128
                                            rows are lanes of one warp (no shared memory), and a thread's CR
                                            codes of a column are consecutive bytes of x^T's row: 16-byte
@@ -55,15 +56,15 @@ ROW_RUN = gl.constexpr(RUN)
 @gluon.constexpr_function
 def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
     """The column side's (128, columns) layout: a thread holds rows_per_thread rows (runs of RUN
-    consecutive ones) of cols_per_thread columns, the lanes of a warp cover all 128 rows (a column's amax never leaves the
-    warp), the warps sit side by side. Two register orders of the same ownership (converting between them
-    moves no data): columns first, so a row's columns are one vector load; rows first, so a column's codes
-    are one vector store into x^T's row."""
+    consecutive ones) of cols_per_thread columns, the lanes of a warp cover all 128 rows (a column's amax
+    never leaves the warp), the warps sit side by side. Two register orders of the same ownership
+    (converting between them moves no data): columns first, so a row's columns are one vector load; rows
+    first, so a column's codes are one vector store into x^T's row."""
     def bits(n, step, axis):
         return [[step << i, 0] if axis == 0 else [0, step << i] for i in range(n.bit_length() - 1)]
     lanes_r = 128 // rows_per_thread
     lanes_c = 32 // lanes_r
-    run = min(rows_per_thread, RUN)  # (RUN above)
+    run = min(rows_per_thread, RUN)
     rows = bits(run, 1, 0) + bits(rows_per_thread // run, run * lanes_r, 0)
     cols = bits(cols_per_thread, 1, 1)
     lanes = bits(lanes_r, run, 0) + bits(lanes_c, cols_per_thread, 1)
