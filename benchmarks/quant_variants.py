@@ -92,7 +92,7 @@ def gluon_mx_variants(row, col, decoded: bool = False) -> list[dict]:
     spread a block over lanes, so their strips are narrower and hold up to 8 columns per thread)."""
     rs, cs = qk.Side(row), qk.Side(col)
     base = qm.default_config(rs, cs, decoded)
-    spread = decoded and col is not None and col.elements_per_byte == 1
+    spread = decoded and col is not None and col.elements_per_byte == 1  # up to 8 columns per thread
     shapes = []  # (warps, tile, column lanes, column columns per thread, row columns per thread)
     one_block = sorted({row.block, 32}) if row is not None else [32]
     for w in (4, 8):
@@ -101,8 +101,8 @@ def gluon_mx_variants(row, col, decoded: bool = False) -> list[dict]:
                        for tr in (16, 32, 64) for tc in (128, 256) for rt in one_block]
             continue
         for cl, cc, strips in itertools.product((2, 4, 8), (1, 2, 4, 8) if spread else (1, 2), (1, 2)):
-            lanes = int(qm._column_block_lanes(col.block, cl)) if spread else 1
-            shapes += [(w, (col.block * cl, (32 // (cl * lanes)) * cc * w * strips), cl, cc, rt)
+            strip = qm.column_strip(col, dict(column_block_lanes=cl, column_thread_columns=cc, num_warps=w), decoded)
+            shapes += [(w, (col.block * cl, strip * strips), cl, cc, rt)
                        for rt in (one_block if strips == 1 else [32])]
     out = [{}]
     for w, tile, cl, cc, rt in shapes:

@@ -43,6 +43,7 @@ from triton.experimental.gluon import language as gl
 
 from . import launch as scratch
 from .quantize_kernels import _encode_hw, _fp8_block_scale, _quotient_parts, _quotient_signed
+from .tiling import linear_bases
 
 TILE = 128  # rows and columns of a program's tile: one block of each side (1 x 128 and 128 x 1 or 128 x 128)
 # Elements a thread stores together on either side: 16 one-byte codes, one 16-byte store. Where a thread holds
@@ -61,7 +62,7 @@ def _column_layout(num_warps, rows_per_thread, cols_per_thread, rows_first):
     (converting between them moves no data): columns first, so a row's columns are one vector load; rows
     first, so a column's codes are one vector store into x^T's row."""
     def bits(n, step, axis):
-        return [[step << i, 0] if axis == 0 else [0, step << i] for i in range(n.bit_length() - 1)]
+        return linear_bases(2, axis, n, step)
     lanes_r = 128 // rows_per_thread
     lanes_c = 32 // lanes_r
     run = min(rows_per_thread, RUN)

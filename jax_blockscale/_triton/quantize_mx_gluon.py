@@ -61,6 +61,7 @@ from triton.experimental.gluon import language as gl
 from . import launch as scratch
 from .quantize_kernels import (_e4m3_value, _encode_e2m1_pairs, _encode_elements, _mx_block_scale,
                                _nvfp4_block_scale, _quotient_parts, _quotient_signed, _side_constexprs)
+from .tiling import linear_bases
 from .upcast import e8m0_to_f32, minifloat_to_f32
 
 
@@ -163,7 +164,21 @@ def _decoded_block_lanes(blocks, lanes_per_block):
 @gluon.constexpr_function
 def _column_block_lanes(block_rows, block_lanes):
     """Column side, DECODED: lanes along one block's rows (8 rows each where the warp has room for it)."""
-    return min(block_rows // DECODED_LANE_ELEMENTS, 32 // block_lanes)
+    return min(block_rows // DECODED_LANE_ELEMENTS.value, 32 // block_lanes)
+
+
+@gluon.constexpr_function
+def _column_strip(block_rows, block_lanes, columns, warps, spread):
+    """Columns one column-side pass covers: columns per thread times the lanes along neither consecutive
+    blocks nor (spread: DECODED one-byte codes) a block's rows, times the warps."""
+    lanes = _column_block_lanes(block_rows, block_lanes) if spread else 1
+    return (32 // (block_lanes * lanes)) * columns * warps
+
+
+def column_strip(col_fmt, cfg: dict, decoded: bool) -> int:
+    """Host side of `_column_strip`: the columns one column-side pass of launch settings cfg covers."""
+    return _column_strip(col_fmt.block, cfg["column_block_lanes"], cfg["column_thread_columns"], cfg["num_warps"],
+                         decoded and col_fmt.elements_per_byte == 1)
 
 
 @gluon.constexpr_function
@@ -174,7 +189,7 @@ def _decoded_columns(blocks, block_rows, lanes, columns, warps, rows_first):
     registers rows first (stores along x^T's rows), else columns first (loads along x's rows); lanes and warps
     are the same either way, so converting between the two moves no data."""
     def bases(dim, count, first):
-        return [[first << i if d == dim else 0 for d in range(3)] for i in range(count.bit_length() - 1)]
+        return linear_bases(3, dim, count, first)
 
     rows = block_rows // lanes
     column_lanes = 32 // (blocks * lanes)
@@ -286,13 +301,12 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
             # every store fills whole sectors, as on the row side (whole blocks per thread wrote each sector
             # in two halves).
             CLB: gl.constexpr = _column_block_lanes(CB, CL)
-            SC: gl.constexpr = (32 // (CL * CLB)) * CC * W  # columns per strip
             COLS: gl.constexpr = _decoded_columns(CL, CB, CLB, CC, W, False)     # loads
             COLS_OUT: gl.constexpr = _decoded_columns(CL, CB, CLB, CC, W, True)  # stores
-        else:
-            SC: gl.constexpr = (32 // CL) * CC * W  # columns per strip; CL lanes lie along consecutive blocks
+        else:  # CL lanes along consecutive blocks, each with whole blocks
             COLS: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [2, 1, 0])      # loads
             COLS_OUT: gl.constexpr = gl.BlockedLayout([1, CB, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])  # stores
+        SC: gl.constexpr = _column_strip(CB, CL, CC, W, DECODED and C_EPB == 1)  # columns per strip
         COLS_PAIRS: gl.constexpr = gl.BlockedLayout([1, CB // 2, CC], [CL, 1, 32 // CL], [1, 1, W], [1, 2, 0])
         OUT: gl.constexpr = COLS_PAIRS if C_EPB == 2 else COLS_OUT
         ts_c = gl.load(ts_ptr + 1)
@@ -404,11 +418,10 @@ def default_config(row, col, decoded: bool = False) -> dict:
     """Launch settings (`CONFIG_KEYS`) for a (row, column) pair of `Side`s, from `CONFIGS` (with `decoded`,
     `DECODED_CONFIGS` first)."""
     key = (_kind(row), _kind(col))
-    if decoded and key in DECODED_CONFIGS:
-        return {**_UNUSED, **DECODED_CONFIGS[key]}
-    if key not in CONFIGS:
+    tables = (DECODED_CONFIGS, CONFIGS) if decoded else (CONFIGS,)
+    if not any(key in t for t in tables):
         key = (key[1], key[1])  # every kind has a row-only entry and a pair with itself
-    cfg = {**_UNUSED, **(DECODED_CONFIGS if decoded and key in DECODED_CONFIGS else CONFIGS)[key]}
+    cfg = {**_UNUSED, **next(t[key] for t in tables if key in t)}
     if row.fmt is not None:  # whole blocks per thread (the listed pair's row side may have had other blocks)
         cfg["row_thread_columns"] = max(cfg["row_thread_columns"], row.fmt.block)
     return cfg
@@ -440,12 +453,10 @@ def check_config(row, col, cfg: dict, decoded: bool = False) -> None:
                              f"strips of {(32 * rt // max(tc, 1)) * w} rows")
     if col.fmt is not None:
         cb = col.fmt.block
-        # Decoded one-byte codes spread a block's rows over lanes (the kernel's CLB), narrowing the strip.
-        block_lanes = int(_column_block_lanes(cb, cl)) if decoded and col.fmt.elements_per_byte == 1 else 1
-        if tr % (cb * cl) or tc % ((32 // (cl * block_lanes)) * cc * w):
+        strip = column_strip(col.fmt, cfg, decoded)
+        if tr % (cb * cl) or tc % strip:
             raise ValueError(f"column side ({cb}-row blocks, {cl} lanes along them): the tile's {tr} rows must "
-                             f"hold whole passes of {cb * cl} rows and its {tc} columns whole strips of "
-                             f"{(32 // (cl * block_lanes)) * cc * w}")
+                             f"hold whole passes of {cb * cl} rows and its {tc} columns whole strips of {strip}")
 
 
 def why_not(x_shape: tuple[int, ...], x_dtype, row, col, compute_capability) -> Optional[str]:

@@ -2,6 +2,7 @@
 
 import triton
 import triton.language as tl
+from triton.experimental import gluon
 
 
 @triton.jit
@@ -79,3 +80,11 @@ def promote_block(acc, partial, a_s, b_s, BLOCK_N: tl.constexpr):
     else:
         acc += partial * a_s[:, None] * b_s[None, :]
     return acc
+
+
+@gluon.constexpr_function  # so Gluon layout functions may call it (Triton hashes what they reference)
+def linear_bases(rank: int, dim: int, count: int, first: int) -> list[list[int]]:
+    """Bases of a Gluon `DistributedLinearLayout` (rank dims) that step `count` (a power of two) times along
+    `dim`: first, 2 * first, 4 * first, ... (the quantizers' two-register-order layouts)."""
+    return [[first << i if d == dim else 0 for d in range(rank)] for i in range(count.bit_length() - 1)]
+
