@@ -142,6 +142,11 @@ def run_ptx(asm: str, n_outputs: int, inputs: list[np.ndarray]) -> list[np.ndarr
         elif op in ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"):
             kind = op.split(".")[3]
             result = (_cvt_fp8(kind, value(srcs[0])) << 8) | _cvt_fp8(kind, value(srcs[1]))
+        elif op in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.e5m2x2"):  # exact; the low byte -> the low half
+            kind = ml_dtypes.float8_e4m3fn if "e4m3" in op else ml_dtypes.float8_e5m2
+            half = lambda b: (b & 0xFF).astype(np.uint8).view(kind).astype(np.float16).view(np.uint16)  # noqa: E731
+            src = value(srcs[0])
+            result = half(src).astype(np.uint32) | (half(src >> 8).astype(np.uint32) << 16)
         elif op == "cvt.f32.f16":  # exact (fp16 subnormals included)
             result = (value(srcs[0]) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
         elif op == "fma.rn.bf16x2":

@@ -136,14 +136,14 @@ def test_ptx_fp4_decode_matches_the_e2m1_table(scale):
 
 
 def test_ptx_fp4_f32_decode_matches_the_e2m1_table_for_every_word():
-    """The GEMV's fp16-route decode (decode._fp4_f32_ptx): every byte value in every byte position of the
-    packed word, bit-exact 2**-14 times the e2m1 table (signed zeros included)."""
+    """The GEMV's decode through e4m3 and fp16 (decode._fp4_f32_ptx): every byte value in every byte position
+    of the packed word, bit-exact 2**-6 times the e2m1 table (signed zeros included)."""
     codes = np.arange(256, dtype=np.uint8)
     packed = np.stack([codes, np.roll(codes, 1), np.roll(codes, 7), np.roll(codes, 100)], axis=1)
     packed = np.concatenate([packed, np.roll(packed, 1, axis=1), np.roll(packed, 2, axis=1)])
     out = run_ptx(decode._fp4_f32_ptx(), 8, [packed.copy().view(np.uint32)[:, 0]])
     got = np.stack(out, 1).view(np.float32)
-    want = np.concatenate([_E2M1[packed & 15], _E2M1[packed >> 4]], axis=1) * np.float32(2.0**-14)
+    want = np.concatenate([_E2M1[packed & 15], _E2M1[packed >> 4]], axis=1) / np.float32(decode._FP4_F32_UNSCALE.value)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
@@ -233,16 +233,24 @@ def test_gemv_default_for_few_rows_sized_for_many_programs_per_sm():
     p = GemmProblem(1, False, 1, 7168, 4096, "bf16", "e2m1", "bf16")
     cfg = decode.default_config(p, "sm_90")
     assert cfg.gemv and cfg.block_m == 1
-    assert cfg == decode._tuned(p, 1, "sm_90")  # the measured config: 8 rows x 1 KB of each per K tile
+    assert cfg == decode._tuned(p, 1, "sm_90")  # the measured config: 8 whole rows (2 KB each) on 8 warps
     cfg = decode.default_config(p, "sm_100")  # elsewhere the heuristic
     assert cfg.gemv and cfg.block_k // 2 == 256  # 256 bytes of each weight row per K tile
     assert decode.triton.cdiv(p.n, cfg.block_n) * cfg.split_k >= 4 * 132
     assert not decode.default_config(p.__class__(1, False, 16, 7168, 4096, "bf16", "e2m1", "bf16"), "sm_90").gemv
-    # K = 7168 (7 x 1024): the tuned tile's bytes as 16 rows x 1024 codes, not the heuristic
-    tuned = decode._tuned(p, 1, "sm_90")
     for kind in ("e2m1", "nvfp4"):
-        cfg = decode.default_config(GemmProblem(1, False, 1, 7168, 7168, "bf16", kind, "bf16"), "sm_90")
-        assert (cfg.block_n, cfg.block_k) == (2 * tuned.block_n, tuned.block_k // 2) and cfg.f16_decode
+        def tile(n, k):
+            c = decode.default_config(GemmProblem(1, False, 1, n, k, "bf16", kind, "bf16"), "sm_90")
+            assert c.gemv and c.f16_decode and c.split_k == 1
+            return c.block_n, c.block_k, c.num_warps, c.num_stages
+        # the fp4 tiles by K (decode._FP4_GEMV_TILES), each 64 weight bytes per thread
+        assert tile(7168, 4096) == (8, 4096, 8, 2)
+        assert tile(8192, 8192) == tile(28672, 8192) == (16, 1024, 4, 3)
+        assert tile(7168, 7168) == (8, 1024, 2, 3)
+        # where 16-row tiles would leave SMs idle (2048 / 16 = 128 programs), the table's 8 x 2048 codes
+        assert tile(2048, 8192)[:3] == (8, 2048, 4)
+        # K = 3072 (3 x 1024): the table's tile bytes as 16 rows x 1024 codes, not the heuristic
+        assert tile(7168, 3072)[:2] == (16, 1024)
     # a K that 512 codes do not divide takes 256-code tiles
     assert decode.default_config(GemmProblem(1, False, 1, 7168, 768, "bf16", "e2m1", "bf16")).block_k == 256
 
@@ -263,9 +271,10 @@ def test_sm90_gemv_streams_16_byte_vectors_without_mma(w_kind, x_kind, rows):
 
 
 @pytest.mark.parametrize("w_kind,rows", [("e2m1", 1), ("nvfp4", 4)])
-def test_sm90_gemv_f16_decode_widens_on_the_fp_pipe(w_kind, rows):
+def test_sm90_gemv_f16_decode_converts_through_e4m3(w_kind, rows):
     asm = _compile_gemv(w_kind, "bf16", "sm_90", rows=rows, f16_decode=True)
-    assert "cvt.f32.f16" in asm and "fma.rn.bf16x2" not in asm and ".ftz" not in asm
+    assert "cvt.rn.f16x2.e4m3x2" in asm and "cvt.f32.f16" in asm  # nibbles -> e4m3 bytes -> fp16 -> fp32
+    assert "fma.rn.bf16x2" not in asm and ".ftz" not in asm
     assert _VECTOR_16B.search(asm) and "cp.async" in asm
 
 

@@ -21,6 +21,10 @@ def test_sass_count_finds_the_gemv_k_loop_and_classifies_all_of_it():
     assert loop["alu pipe"] == classes.get("bit ops", 0) + classes.get("int alu", 0)
     assert classes.get("fp32 fma", 0) > 0 and classes.get("global load", 0) > 0  # FMAs and the weight stream
     assert r["bound_us"] == max(r["issue_us"], r["pipe_us"], r["smem_us"], r["grid_us"]) > 0
+    # the decode through e4m3 bytes: 7 integer ops per 8 codes and 4 hardware conversions (F2FP); the fp16
+    # bit placement before it took 2.2 integer-pipe ops per element
+    assert r["per_elem"]["alu pipe"] < 1.5 and r["per_elem"]["convert"] >= 0.5
+    assert any("F2FP.F16.E4M3" in line for line in r["body"])
 
 
 @pytest.mark.parametrize("label", ["mxfp8", "fp8_1x128+T"])

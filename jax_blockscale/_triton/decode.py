@@ -22,8 +22,9 @@ around the weight read:
   `tl.range` pipelining (cp.async) plus an optional register prefetch; its tensors keep the load's layout
   (a thread holds whole scale groups), the codes decode unscaled, and each group's fp32 dot product is
   multiplied by the group's scale once (two fp32 FMA chains per group, no separate adds). The fp4 codes
-  decode through fp16 straight to fp32 (`config.f16_decode`, `_fp4_f32_ptx`) where the bf16 decode and its
-  integer widening left the kernel bound by sm_90's half-rate integer pipe (benchmarks/sass_count.py).
+  decode to fp32 through e4m3 bytes and the hardware's e4m3 -> fp16 conversion (`config.f16_decode`,
+  `_fp4_f32_ptx`) where the bf16 decode and its integer widening left the kernel bound by sm_90's
+  half-rate integer pipe (benchmarks/sass_count.py).
   FMAs make it compute-bound beyond a few rows (16 rows x 29M weights = 16 us of fp32 FMA on an H100), so
   more rows take the MMA variant.
 - Split-K is reduced inside the same kernel. Default (bitwise deterministic): each split writes its fp32
@@ -120,35 +121,37 @@ def _fp4_pair_ptx(scaled: bool = True) -> str:
 
 def _fp4_f32_ptx() -> str:
     """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $8 -> their 4 low-nibble
-    elements as fp32 in $0..$3 and their 4 high-nibble elements in $4..$7, each 2**-14 times e2m1's value
-    (the GEMV multiplies each group's dot product by 2**14).
+    elements as fp32 in $0..$3 and their 4 high-nibble elements in $4..$7, each 2**-6 times e2m1's value
+    (the GEMV multiplies each group's dot product by 2**6, `_FP4_F32_UNSCALE`).
 
     Why: the bf16 decode (`_fp4_pair_ptx`) and Triton's bf16 -> fp32 widening cost ~5 integer
     instructions per element, and sm_90 runs 32-bit integer/logic ops at half the rate of fp32 ones, which
-    made the GEMV integer-bound. Here each fp16x2 register takes two elements in 3-4 logic ops, and the
-    widening is cvt.f32.f16, which runs on the fp pipe.
-
-    The word is shifted left by 0/4/8/12 so that one nibble of each half-word sits at bits 12..15: its
-    sign is then fp16's sign bit; its exponent and mantissa bits (e1 e0 m), moved to bits 9..11, are
-    fp16's two lowest exponent bits and top mantissa bit. A normal code reads 2**(e - 15) * 1.m, the
-    subnormal one (e = 0) fp16's subnormal 2**-14 * 0.m: both 2**-14 times the e2m1 value, exact, and
-    exact again in fp32 (cvt keeps subnormal inputs; the results are normal fp32)."""
-    # (left shift for the sign, output registers of half-words 0 and 1): the nibble at bits 12..15 of
-    # each half-word after the shift is byte 1/3's high nibble (0), low nibble (4), byte 0/2's high (8),
-    # low (12).
-    pairs = ((0, "$5", "$7"), (4, "$1", "$3"), (8, "$4", "$6"), (12, "$0", "$2"))
-    body = []
-    for shift, r0, r1 in pairs:
-        mag = "shr.b32 m, $8, 3;" if shift == 0 else f"shl.b32 m, $8, {shift - 3};"
-        sign = "and.b32 p, $8, 0x80008000;" if shift == 0 else f"shl.b32 p, $8, {shift};\nand.b32 p, p, 0x80008000;"
-        body.append(f"{mag}\nand.b32 m, m, 0x0E000E00;\n{sign}\nor.b32 p, p, m;\n"
-                    f"mov.b32 {{h0, h1}}, p;\ncvt.f32.f16 {r0}, h0;\ncvt.f32.f16 {r1}, h1;")
-    return "{\n.reg .b32 m, p;\n.reg .b16 h0, h1;\n" + "\n".join(body) + "\n}"
+    made the GEMV integer-bound. Here the integer work is 7 operations per 8 elements and the rest runs on
+    the conversion and fp pipes: each nibble (s e1 e0 m) becomes an e4m3 byte s 0 0 e1 e0 m 0 0 in place
+    (the low nibbles of the 4 bytes in one word, the high ones in another), which e4m3 reads as
+    2**(e - 7) * 1.m or, for e = 0, its subnormal 2**-6 * 0.m: both 2**-6 times the e2m1 value, so the
+    hardware's exact cvt.rn.f16x2.e4m3x2 (sm_89+) turns two of them into fp16 and cvt.f32.f16 widens each
+    (exact: every value is a normal fp16 and fp32). Placing the bits for fp16 directly took ~2.2 integer
+    operations per element (H100, 2026-11-24: 3-13% slower GEMVs)."""
+    cvt = []
+    for word, outs in (("l", ("$0", "$1", "$2", "$3")), ("h", ("$4", "$5", "$6", "$7"))):
+        # bytes 0, 1 -> the low and high half of one f16x2; bytes 2, 3 -> another
+        cvt.append(f"mov.b32 {{p0, p1}}, {word};\n"
+                   "cvt.rn.f16x2.e4m3x2 a, p0;\ncvt.rn.f16x2.e4m3x2 b, p1;\n"
+                   f"mov.b32 {{q0, q1}}, a;\ncvt.f32.f16 {outs[0]}, q0;\ncvt.f32.f16 {outs[1]}, q1;\n"
+                   f"mov.b32 {{q0, q1}}, b;\ncvt.f32.f16 {outs[2]}, q0;\ncvt.f32.f16 {outs[3]}, q1;")
+    return ("{\n.reg .b32 t, u, l, h, a, b;\n.reg .b16 p0, p1, q0, q1;\n"
+            # low nibbles: the sign (bit 3) to bit 7, e1 e0 m (bits 0..2) to bits 2..4
+            "shl.b32 t, $8, 4;\nand.b32 t, t, 0x80808080;\n"
+            "shl.b32 u, $8, 2;\nand.b32 u, u, 0x1C1C1C1C;\nor.b32 l, t, u;\n"
+            # high nibbles: the sign stays at bit 7, e1 e0 m (bits 4..6) to bits 2..4
+            "shr.b32 u, $8, 2;\nand.b32 u, u, 0x1C1C1C1C;\n"
+            "and.b32 t, $8, 0x80808080;\nor.b32 h, t, u;\n" + "\n".join(cvt) + "\n}")
 
 
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
 _FP4_F32_PTX = tl.constexpr(_fp4_f32_ptx())
-_FP4_F32_UNSCALE = tl.constexpr(16384.0)  # 2**14: what _fp4_f32_ptx's elements lack
+_FP4_F32_UNSCALE = tl.constexpr(64.0)  # 2**6: what _fp4_f32_ptx's elements lack
 _FP4_PTX_UNSCALED = tl.constexpr(_fp4_pair_ptx(scaled=False))
 
 
@@ -344,7 +347,7 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
     BPG: tl.constexpr = codes.shape[2]
     FP4: tl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
     if FP4 and ASM and F16:
-        # straight to fp32, 2**-14 times the values (_fp4_f32_ptx): undone on each group's dot product
+        # to fp32 through e4m3 and fp16, 2**-6 times the values (_fp4_f32_ptx): undone on each group's sum
         w_lo, w_hi = tl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [codes],
                                                dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
     elif FP4 and ASM:
@@ -378,7 +381,7 @@ def gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, k0, M: tl.constexpr, K: tl.
         else:
             part = tl.sum(w_lo * tl.reshape(x, (G, BPG))[None, :, :], axis=2)
         if FP4 and ASM and F16:
-            part = part * _FP4_F32_UNSCALE  # exact (a power of two), before the scale: no overflow of s * 2**14
+            part = part * _FP4_F32_UNSCALE  # exact (a power of two), before the scale: no overflow of s * 2**6
         group_s = s
         if X_KIND == "block_fp8":
             # the activation group's fp32 scale (1 x 128 blocks), applied as the weight's
@@ -509,6 +512,27 @@ _SM90_TUNED = {
              dict(block_n=64, block_k=128, split_k=4, num_warps=2, num_stages=3, prefetch=True)),
 }
 _SM90_TUNED["e5m2"] = _SM90_TUNED["e4m3"]
+# The fp4 GEMV's tile by K where the table's (8 rows x 2048 codes, 4 warps) measured slower with the e4m3-route
+# decode (H100, 2026-11-24, mxfp4 / nvfp4, CUPTI kernel time, benchmarks/results/decode_gemv_e4m3_h100_2026-11-24_session27.md):
+# (block_n, block_k, num_warps, num_stages). Each keeps 64 weight bytes per thread and tile, and applies only where
+# N leaves at least two programs per SM. K = 4096: whole rows on 8 warps (7168 x 4096 mxfp4 9.05 -> 8.75 us,
+# nvfp4 9.55 -> 8.87, 4096 x 4096 6.38 -> 5.76); K = 8192 (a multiple of 2048 above 4096): 16 rows x 1024
+# codes (8192 x 8192 17.97 -> 15.52; 28672 x 8192 47.62 -> 47.25); K = 7168 (a multiple of 1024 only):
+# 8 rows x 1024 codes on 2 warps (14.40 -> 13.43).
+_FP4_GEMV_TILES = (
+    (lambda k: k == 4096, (8, 4096, 8, 2)),
+    (lambda k: k > 4096 and k % 2048 == 0, (16, 1024, 4, 3)),
+    (lambda k: k > 4096 and k % 1024 == 0, (8, 1024, 2, 3)),
+)
+
+
+def _fp4_gemv_tile(n: int, k: int) -> dict:
+    """TileConfig fields of the fp4 GEMV's tile for (N, K) on sm_90 (`_FP4_GEMV_TILES`), or {} for the
+    table's default."""
+    for applies, (block_n, block_k, warps, stages) in _FP4_GEMV_TILES:
+        if applies(k) and n // block_n >= 2 * _TYPICAL_SM_COUNT:
+            return dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+    return {}
 
 
 def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
@@ -517,6 +541,8 @@ def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
         return None
     gemv = rows <= _FMA_MAX_ROWS
     fields = dict(_SM90_TUNED[p.b_kind][0 if gemv else 1])
+    if gemv and p.b_kind in ("e2m1", NVFP4):
+        fields.update(_fp4_gemv_tile(p.n, p.k))
     if gemv:
         # K not a multiple of the tuned block_k (K = 7168 = 7 * 1024): the same tile bytes as more, shorter
         # rows. Without this, K = 7168 fell to the heuristic config at 44% of a same-size read (H100,

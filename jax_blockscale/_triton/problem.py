@@ -116,8 +116,9 @@ class TileConfig:
     # raw weight tiles in registers. block_m, block_n, block_k, split_k, num_warps, num_stages apply.
     gemv: bool = False
     prefetch: bool = True
-    # The GEMV's PTX fp4 decode straight to fp32 through fp16 (decode._fp4_f32_ptx: bit ops, then one
-    # cvt.f32.f16 per element on the fp pipe) instead of bf16 pairs widened by integer ops.
+    # The GEMV's PTX fp4 decode to fp32 through e4m3 and fp16 (decode._fp4_f32_ptx: 7 bit ops per 8
+    # elements, then the hardware's e4m3x2 -> f16x2 and f16 -> f32 conversions) instead of bf16 pairs
+    # widened by integer ops (sm_89+: the sm_90 tuned configs turn it on).
     f16_decode: bool = False
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16.
