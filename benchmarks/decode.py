@@ -6,6 +6,7 @@
     python -m benchmarks.decode --gemv-decode # the GEMV's fp4 decode variants vs the tuned config (~1-2 min)
     python -m benchmarks.decode --mma16       # the MMA variants vs the tuned config at M = 8, 16 (~1-2 min)
     python -m benchmarks.decode --gemv-shapes # M=1 GEMV per model / issue shape vs a same-size read (~2-3 min)
+    python -m benchmarks.decode --stream      # M=1 mxfp4: the GEMV vs a Triton kernel that only streams its bytes
     python -m benchmarks.decode --wgmma --shapes 7168x4096,8192x8192   # fp4 weights: decode_wgmma vs decode.py
     python -m benchmarks.decode --wgmma --pairs bf16:mxfp8,mxfp8:mxfp4 --rows 2,16,32   # other format pairs
     python -m benchmarks.decode --wgmma-knobs --shapes 7168x4096 --pairs bf16:mxfp4 --rows 16   # its launch knobs
@@ -508,6 +509,68 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
             del ws
 
 
+# --stream: how fast a Triton kernel streams an fp4 weight's bytes at all (no decode, no FMA), with the
+# GEMV's tiles and others: (rows per program, 32-bit words of each row per tile, tl.range stages, warps).
+STREAM_TILES = ((8, 256, 4, 4), (8, 512, 1, 8), (8, 512, 1, 4), (16, 128, 4, 4), (4, 512, 1, 4), (2, 512, 1, 2))
+
+
+def _stream_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stream_read(w_ptr, s_ptr, out_ptr, KW: tl.constexpr, SW: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_W: tl.constexpr, STAGES: tl.constexpr):
+        """Row r's xor of its 32-bit code words and scale words: every byte read once, one op per word."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, BLOCK_W), tl.int32)
+        for kw in tl.range(0, KW, BLOCK_W, num_stages=STAGES):
+            acc ^= tl.load(w_ptr + rows[:, None] * KW + (kw + tl.arange(0, BLOCK_W))[None, :])
+        s = tl.load(s_ptr + rows[:, None] * SW + tl.arange(0, SW)[None, :])
+        tl.store(out_ptr + rows, tl.xor_sum(acc, axis=1) ^ tl.xor_sum(s, axis=1))
+
+    return stream_read
+
+
+def stream_call(w32: jax.Array, s32: jax.Array, block_n: int, block_w: int, stages: int, warps: int):
+    """(N,) int32 row xors of w32 (N, K/8) and s32 (N, K/128) int32 (an mxfp4 weight's bytes) by
+    `_stream_kernel`; N % block_n == 0 and block_w divides K/8."""
+    from jax_blockscale._triton import jt
+
+    n, kw = w32.shape
+    return jt.jax_triton().triton_call(
+        w32, s32, kernel=_stream_kernel(), out_shape=jax.ShapeDtypeStruct((n,), jnp.int32), grid=(n // block_n,),
+        num_warps=warps, num_stages=1, KW=kw, SW=s32.shape[1], BLOCK_N=block_n, BLOCK_W=block_w, STAGES=stages)
+
+
+def stream(torch, shapes=((7168, 4096), (8192, 8192))):
+    """M = 1, mxfp4: XLA's same-size read, the dispatched GEMV and the stream kernel at STREAM_TILES over the
+    same bytes (checked against NumPy first): what the GEMV loses to its arithmetic, at its own tile and at
+    the best streaming tile."""
+    words = jax.jit(lambda v: jax.lax.bitcast_convert_type(v.reshape(v.shape[0], -1, 4), jnp.int32))
+    for n, k in shapes:
+        ws = _weights("mxfp4", n, k, 1)
+        read = same_size_read_us(torch, n, _nbytes(ws[0]))
+        xa = _activation("bf16", 1, k)
+        gemv = kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(xa, w) for w in ws], torch)
+        print(f"## mxfp4 N={n} K={k}: same-size read {read:.2f} us; dispatched GEMV {gemv:.2f} us "
+              f"({read / gemv:.0%} of the read)", flush=True)
+        pairs = [tuple(words(leaf) for leaf in sorted(jax.tree_util.tree_leaves(w), key=lambda a: -a.shape[1]))
+                 for w in ws]
+        want = np.bitwise_xor.reduce(np.asarray(pairs[0][0]), 1) ^ np.bitwise_xor.reduce(np.asarray(pairs[0][1]), 1)
+        for tile in STREAM_TILES:
+            if n % tile[0] or (k // 8) % tile[1]:
+                continue
+            fn = jax.jit(lambda w, s, t=tile: stream_call(w, s, *t))
+            if not np.array_equal(np.asarray(fn(*pairs[0])), want):
+                print(f"  stream {tile}: WRONG", flush=True)
+                continue
+            us = kernel_us(fn, pairs, torch)
+            print(f"  stream rows {tile[0]}, {4 * tile[1]} bytes per row and tile, {tile[2]} stages, {tile[3]} warps: "
+                  f"{us:.2f} us ({read / us:.0%} of the read)", flush=True)
+        del ws, pairs
+
+
 WGMMA_ROWS = (1, 2, 4, 8, 16)
 WGMMA_PAIRS = (("bf16", "mxfp4"), ("bf16", "nvfp4"))
 
@@ -777,6 +840,7 @@ def main(argv=None):
     ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
+    ap.add_argument("--stream", action="store_true", help="M=1 mxfp4: the GEMV vs streaming its bytes only")
     ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py per format pair, 1-16 rows")
     ap.add_argument("--wgmma-knobs", action="store_true",
                     help="decode_wgmma's default config against its neighbours (stages, splits, chunk)")
@@ -810,6 +874,8 @@ def main(argv=None):
                         pairs)
     elif args.gemv_shapes:
         gemv_shapes(torch)
+    elif args.stream:
+        stream(torch)
     elif args.gemv_decode:
         gemv_decode(torch)
     elif args.mma16:

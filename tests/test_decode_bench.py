@@ -80,3 +80,20 @@ def test_wgmma_knob_configs_are_the_default_and_valid_neighbours(m, n, k):
     if k >= 2048:  # room for the other ring depth at the default chunk and split
         other = 5 - configs[0][1].num_stages
         assert any(c.num_stages == other and c.split_k == configs[0][1].split_k for _, c in configs)
+
+
+@pytest.mark.parametrize("tile", [(8, 256, 4, 4), (8, 512, 1, 8)])
+def test_stream_kernel_reads_whole_16_byte_vectors_for_sm90(tile):
+    """--stream's ceiling kernel (the GEMV's bytes with no arithmetic but one xor per word) compiles for
+    sm_90 to 16-byte loads of each row, the software-pipelined cp.async where the tile loops over K."""
+    from jax_blockscale._triton.compile import compile_kernel
+
+    block_n, block_w, stages, warps = tile
+    assert tile in bench.STREAM_TILES
+    compiled = compile_kernel(bench._stream_kernel(), target="sm_90",
+                              signature={"w_ptr": "*i32", "s_ptr": "*i32", "out_ptr": "*i32"},
+                              constexprs=dict(KW=512, SW=32, BLOCK_N=block_n, BLOCK_W=block_w, STAGES=stages),
+                              num_warps=warps, num_stages=1)
+    ptx = compiled.asm["ptx"]
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async\.cg\.shared\.global(\.\w+)* \[[^]]+\], \[[^]]+\], (16|0x10)", ptx)
+    assert "fma" not in ptx  # nothing but the loads, the xors and the row reductions
