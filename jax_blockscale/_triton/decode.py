@@ -132,7 +132,7 @@ def _fp4_f32_ptx() -> str:
     2**(e - 7) * 1.m or, for e = 0, its subnormal 2**-6 * 0.m: both 2**-6 times the e2m1 value, so the
     hardware's exact cvt.rn.f16x2.e4m3x2 (sm_89+) turns two of them into fp16 and cvt.f32.f16 widens each
     (exact: every value is a normal fp16 and fp32). Placing the bits for fp16 directly took ~2.2 integer
-    operations per element (H100, 2026-11-24: 3-13% slower GEMVs)."""
+    operations per element (H100, 2026-11-24: GEMVs 1-13% slower on the same tiles)."""
     cvt = []
     for word, outs in (("l", ("$0", "$1", "$2", "$3")), ("h", ("$4", "$5", "$6", "$7"))):
         # bytes 0, 1 -> the low and high half of one f16x2; bytes 2, 3 -> another
@@ -517,8 +517,9 @@ _SM90_TUNED["e5m2"] = _SM90_TUNED["e4m3"]
 # (block_n, block_k, num_warps, num_stages). Each keeps 64 weight bytes per thread and tile, and applies only where
 # N leaves at least two programs per SM. K = 4096: whole rows on 8 warps (7168 x 4096 mxfp4 9.05 -> 8.75 us,
 # nvfp4 9.55 -> 8.87, 4096 x 4096 6.38 -> 5.76); K = 8192 (a multiple of 2048 above 4096): 16 rows x 1024
-# codes (8192 x 8192 17.97 -> 15.52; 28672 x 8192 47.62 -> 47.25); K = 7168 (a multiple of 1024 only):
-# 8 rows x 1024 codes on 2 warps (14.40 -> 13.43).
+# codes (8192 x 8192 17.97 -> 15.52; 28672 x 8192 47.62 -> 47.25); other multiples of 1024 above 4096, or
+# where N is short of two programs per SM for 16 rows: 8 rows x 1024 codes on 2 warps (7168 x 7168 14.40 ->
+# 13.43; 4096 x 14336 15.12 -> 14.62). The first entry whose condition and program count hold applies.
 _FP4_GEMV_TILES = (
     (lambda k: k == 4096, (8, 4096, 8, 2)),
     (lambda k: k > 4096 and k % 2048 == 0, (16, 1024, 4, 3)),
