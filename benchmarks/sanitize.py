@@ -88,6 +88,10 @@ def _matmul_cases(small: bool):
         # The streaming GEMV: dispatch's pick (fp4 weight, one row), and forced with prefetch + split-K on
         # nvfp4 and block FP8 weights (N one past a tile).
         ("decode", "gemv", "bf16", "mxfp4", (1, 4096), 129, None),
+        # ... and its by-K tiles (decode._FP4_GEMV_TILES), N one past an 8-row tile: whole 4096-code rows on
+        # 8 warps, and 8 rows x 1024 codes on 2 warps (K = 7168)
+        ("decode", "gemv_whole_rows", "bf16", "mxfp4", (1, 4096), 2113, None),
+        ("decode", "gemv_k7168", "bf16", "nvfp4", (1, 7168), 2113, None),
         ("decode", "gemv_prefetch_split2", "nvfp4", "nvfp4", (3, 1024), 17,
          TileConfig(block_m=4, block_n=16, block_k=512, group_m=1, split_k=2, num_warps=4, num_stages=3,
                     gemv=True, prefetch=True, kernel="decode")),
