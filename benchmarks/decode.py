@@ -25,6 +25,7 @@ ceiling: an XLA sum over a 1 GiB float32 array, timed the same way.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -514,7 +515,9 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
 STREAM_TILES = ((8, 256, 4, 4), (8, 512, 1, 8), (8, 512, 1, 4), (16, 128, 4, 4), (4, 512, 1, 4), (2, 512, 1, 2))
 
 
+@functools.lru_cache(maxsize=None)
 def _stream_kernel():
+    """The stream kernel, built once (triton is imported only by the modes that launch it)."""
     import triton
     import triton.language as tl
 

@@ -83,16 +83,24 @@ def _signature(w_kind: str, x_kind: str) -> dict[str, str]:
             "ws_ptr": "*fp32", "count_ptr": "*i32"}
 
 
-def compile_case(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
-    """(compiled kernel, TileConfig) for sm_90: dispatch's config with `changes` applied -- the GEMV
-    (`gemv_kernel`) or the MMA / FMA variant (`decode_kernel`), whichever the config names."""
+def case_config(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
+    """(GemmProblem, TileConfig): dispatch's sm_90 config for the case with `changes` applied, checked."""
     from jax_blockscale._triton import decode
-    from jax_blockscale._triton.compile import compile_kernel
     from jax_blockscale._triton.problem import GemmProblem
 
     p = GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16")
     cfg = decode.default_config(p, "sm_90").replace(**changes)
     decode.check_config(p, cfg)
+    return p, cfg
+
+
+def compile_case(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes):
+    """(compiled kernel, TileConfig) for sm_90: dispatch's config with `changes` applied -- the GEMV
+    (`gemv_kernel`) or the MMA / FMA variant (`decode_kernel`), whichever the config names."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.compile import compile_kernel
+
+    p, cfg = case_config(w_kind, x_kind, rows, n, k, **changes)
     kernel, consts = decode.kernel_constexprs(p, cfg, asm=cfg.asm_decode, wide=False)
     compiled = compile_kernel(kernel, target="sm_90", signature=_signature(w_kind, x_kind),
                               constexprs=consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -133,12 +141,12 @@ def classify(body: list[str]) -> collections.Counter:
 
 
 def count(w_kind: str, x_kind: str = "bf16", rows: int = 1, n: int = 7168, k: int = 4096, **changes) -> dict:
-    compiled, cfg = compile_case(w_kind, x_kind, rows, n, k, **changes)
-    if k // cfg.block_k <= cfg.split_k:
-        # One K tile per program (the fp4 GEMV's whole 4096-code rows): no loop to find. Its body is what an
-        # iteration of the same config runs over a longer K, so count that (4 K tiles: a steady-state loop).
-        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-        compiled, _ = compile_case(w_kind, x_kind, rows, n, 4 * k * cfg.split_k, **fields)
+    _, cfg = case_config(w_kind, x_kind, rows, n, k, **changes)
+    # One K tile per program (the fp4 GEMV's whole 4096-code rows) has no loop to find. Its body is what an
+    # iteration of the same config runs over a longer K, so that is compiled (4 K tiles: a steady-state loop).
+    k_compiled = 4 * k * cfg.split_k if k // cfg.block_k <= cfg.split_k else k
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    compiled, _ = compile_case(w_kind, x_kind, rows, n, k_compiled, **fields)
     body = largest_loop(disassemble(compiled.asm["cubin"]).splitlines())
     per_thread = cfg.block_n * cfg.block_k / (32 * cfg.num_warps)
     counts = classify(body)

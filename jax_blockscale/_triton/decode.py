@@ -542,9 +542,9 @@ def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
         return None
     gemv = rows <= _FMA_MAX_ROWS
     fields = dict(_SM90_TUNED[p.b_kind][0 if gemv else 1])
-    if gemv and p.b_kind in ("e2m1", NVFP4):
-        fields.update(_fp4_gemv_tile(p.n, p.k))
     if gemv:
+        if p.b_kind in ("e2m1", NVFP4):
+            fields.update(_fp4_gemv_tile(p.n, p.k))
         # K not a multiple of the tuned block_k (K = 7168 = 7 * 1024): the same tile bytes as more, shorter
         # rows. Without this, K = 7168 fell to the heuristic config at 44% of a same-size read (H100,
         # 2026-11-22, mxfp4 N=7168: 23.6 us against 10.4; `block_k` 1024 with 16 rows kept 69% at K = 4096).
