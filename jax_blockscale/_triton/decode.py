@@ -140,13 +140,20 @@ def _fp4_f32_ptx() -> str:
                    "cvt.rn.f16x2.e4m3x2 a, p0;\ncvt.rn.f16x2.e4m3x2 b, p1;\n"
                    f"mov.b32 {{q0, q1}}, a;\ncvt.f32.f16 {outs[0]}, q0;\ncvt.f32.f16 {outs[1]}, q1;\n"
                    f"mov.b32 {{q0, q1}}, b;\ncvt.f32.f16 {outs[2]}, q0;\ncvt.f32.f16 {outs[3]}, q1;")
-    return ("{\n.reg .b32 t, u, l, h, a, b;\n.reg .b16 p0, p1, q0, q1;\n"
-            # low nibbles: the sign (bit 3) to bit 7, e1 e0 m (bits 0..2) to bits 2..4
-            "shl.b32 t, $8, 4;\nand.b32 t, t, 0x80808080;\n"
-            "shl.b32 u, $8, 2;\nand.b32 u, u, 0x1C1C1C1C;\nor.b32 l, t, u;\n"
+    return ("{\n.reg .b32 t, u, l, h, a, b;\n.reg .b16 p0, p1, q0, q1;\n" + _fp4_e4m3_bytes_ptx("$8")
+            + "\n".join(cvt) + "\n}")
+
+
+def _fp4_e4m3_bytes_ptx(src: str) -> str:
+    """PTX (7 integer operations, scratch registers t, u) turning the 8 e2m1 codes of the 32-bit word `src`
+    into e4m3 bytes `s 0 0 e1 e0 m 0 0`: the 4 low nibbles in l, the 4 high ones in h, byte for byte
+    (`_fp4_f32_ptx`; also gemv_mma's fp16 decode)."""
+    return (# low nibbles: the sign (bit 3) to bit 7, e1 e0 m (bits 0..2) to bits 2..4
+            f"shl.b32 t, {src}, 4;\nand.b32 t, t, 0x80808080;\n"
+            f"shl.b32 u, {src}, 2;\nand.b32 u, u, 0x1C1C1C1C;\nor.b32 l, t, u;\n"
             # high nibbles: the sign stays at bit 7, e1 e0 m (bits 4..6) to bits 2..4
-            "shr.b32 u, $8, 2;\nand.b32 u, u, 0x1C1C1C1C;\n"
-            "and.b32 t, $8, 0x80808080;\nor.b32 h, t, u;\n" + "\n".join(cvt) + "\n}")
+            f"shr.b32 u, {src}, 2;\nand.b32 u, u, 0x1C1C1C1C;\n"
+            f"and.b32 t, {src}, 0x80808080;\nor.b32 h, t, u;\n")
 
 
 _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
