@@ -167,6 +167,21 @@ def _weights_and_read(torch, fb: str, n: int, k: int):
     return ws, nb, same_size_read_us(torch, n, nb)
 
 
+def experiment_weights(torch, fmt: str, n: int, k: int):
+    """For the kept decode experiments (decode_mma_sync, decode_mma_f16): the rotated (N, K) weights of format
+    `fmt`, a same-size read's time (us) and the rotated bf16 weights of XLA's baseline dot."""
+    ws, _, read = _weights_and_read(torch, fmt, n, k)
+    return ws, read, [_weights("bf16", n, k, 2 + i)[0] for i in range(4)]
+
+
+def experiment_baselines(torch, x, ws, dense):
+    """XLA's bf16 dot's and dispatch's kernel time (us) for activations x against `experiment_weights`' weights,
+    and the jnp reference's fp32 result (float64) for the first weight."""
+    xla = kernel_us(_XLA_BF16, [(x, w) for w in dense], torch)
+    disp = kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch)
+    return xla, disp, np.asarray(jb.reference.matmul(x, ws[0], out_dtype=jnp.float32), np.float64)
+
+
 def _cublas_blockwise_us(torch, x, ws):
     """Kernel time (us per call) of torch's cuBLAS blockwise FP8 on the very bytes of our fp8_block operands,
     checked against the reference first (`benchmarks/_torch.torch_blockwise`, as `benchmarks.quick` times

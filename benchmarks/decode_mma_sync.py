@@ -156,14 +156,10 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for fmt in a.formats.split(","):
         for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
-            ws = bd._weights(fmt, n, k, 1)
-            read = bd.same_size_read_us(torch, n, bd._nbytes(ws[0]))
-            dense = [bd._weights("bf16", n, k, 2 + i)[0] for i in range(4)]
+            ws, read, dense = bd.experiment_weights(torch, fmt, n, k)
             for m in (int(v) for v in a.rows.split(",")):
                 x = jax.random.normal(jax.random.key(7), (m, k), jnp.float32).astype(jnp.bfloat16)
-                xla = bd.kernel_us(bd._XLA_BF16, [(x, w) for w in dense], torch)
-                disp = bd.kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch)
-                ref = np.asarray(jb.reference.matmul(x, ws[0], out_dtype=jnp.float32), np.float64)
+                xla, disp, ref = bd.experiment_baselines(torch, x, ws, dense)
                 row = f"| {fmt} | {n} | {k} | {m} |"
                 print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
                 print(f"{row} dispatch: {jb.explain(x, ws[0], rows=m).kernel} | {disp:.2f} | {read / disp:.0%} | "
