@@ -69,7 +69,7 @@ import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import launch as scratch  # noqa: E402
 from jax_blockscale._triton.decode import (_fp4_e4m3_bytes_ptx, split_k_workspace,  # noqa: E402
                                            tensor_scale_operands)
-from jax_blockscale._triton.decode_wgmma import _pow2, _slots, split_k_epilogue  # noqa: E402
+from jax_blockscale._triton.decode_wgmma import _bytes_layout, _slots, _weight_layout, split_k_epilogue  # noqa: E402
 from jax_blockscale._triton.problem import NVFP4, TileConfig  # noqa: E402
 from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
 
@@ -91,37 +91,6 @@ def _fp4_f16_ptx() -> str:
 _FP4_F16_PTX = gl.constexpr(_fp4_f16_ptx())
 
 
-@gluon.constexpr_function
-def _rows_layout(num_warps, tiles, chunk_bytes, group_bytes, grouped):
-    """The weight bytes of a (16 * num_warps * tiles, chunk_bytes) chunk as mma.sync's A fragments want
-    them (decode_wgmma._weight_layout, plus `tiles` m16 tiles per warp): thread 4g + t of warp w holds rows
-    16 (num_warps i + w) + g and + 8 and the t-th 16 bytes of each 64-byte piece. grouped: as (rows, groups,
-    group_bytes); else (rows, chunk_bytes)."""
-    rows = 16 * num_warps * tiles
-
-    def at(byte):
-        return [0, byte // group_bytes, byte % group_bytes] if grouped else [0, byte]
-
-    def row(r):
-        return [r, 0, 0] if grouped else [r, 0]
-    regs = ([at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk_bytes // 64)] + [row(8)]
-            + [row(16 * num_warps * i) for i in _pow2(tiles)])
-    lanes = [at(16), at(32)] + [row(r) for r in (1, 2, 4)]
-    warps = [row(16 * w) for w in _pow2(num_warps)]
-    shape = [rows, chunk_bytes // group_bytes, group_bytes] if grouped else [rows, chunk_bytes]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], shape)
-
-
-@gluon.jit
-def _column_of(k, W_KIND: gl.constexpr):
-    """The B column of K position k (true order, within a 128-code chunk): quarter t = (k // 32) % 4, and
-    for nvfp4 + 4 in the quarter's second 16 codes (its second scale group)."""
-    col = (k // 32) % 4
-    if W_KIND == "nvfp4":
-        col += 4 * ((k % 32) // 16)
-    return col
-
-
 @gluon.jit
 def _stage_activations(x_ptr, x_smem, f_smem, k_begin, NC: gl.constexpr, W_KIND: gl.constexpr,
                        num_warps: gl.constexpr):
@@ -140,7 +109,8 @@ def _stage_activations(x_ptr, x_smem, f_smem, k_begin, NC: gl.constexpr, W_KIND:
     j4 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))[None, :, None, None]
     q4 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))[None, None, :, None]
     e4 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
-    # B[j, 32 q + e] = the quarter's element where column j takes it (_column_of)
+    # B[j, 32 q + e] = x[32 q + e] where column j takes it: quarter q = j % 4 (thread q of a row quad holds it,
+    # `_slots`), and for nvfp4 its first 16 codes in column q, its second 16 (second scale group) in q + 4
     takes = q4 == j4 % 4
     if W_KIND == "nvfp4":
         takes = takes & (e4 // 16 == j4 // 4)
@@ -263,7 +233,7 @@ def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, co
     NC: gl.constexpr = KS // CHUNK
     GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
-    L3: gl.constexpr = _rows_layout(W, TILES, CHUNK // 2, GROUP // 2, True)
+    L3: gl.constexpr = _weight_layout(W, CHUNK // 2, GROUP // 2, TILES)  # the A fragments' bytes (decode_wgmma)
     XS: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])
     FS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
@@ -274,7 +244,7 @@ def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, co
     rows = gl.minimum(rows, N - 1)    # rows past N read row N - 1: never stored
     if WIDE:
         rows = rows.to(gl.int64)
-    BLU: gl.constexpr = _rows_layout(W, TILES, UNROLL * CHUNK // 2, GROUP // 2, False)
+    BLU: gl.constexpr = _bytes_layout(W, UNROLL * CHUNK // 2, TILES)
     rb = gl.convert_layout(rows, gl.SliceLayout(1, BLU))
     # The first step's weight loads go out before the activations are staged.
     packed, s0, s1, s2, s3 = _load_step(w_ptr, s_ptr, rb, rows, k_begin, K, GROUP, W_KIND, UNROLL, BLU, MMA)
@@ -345,8 +315,7 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", cfg: TileConfig, out_dtype=jn
     (rows, _), (n, k) = x.shape, w.shape
     check(rows, n, k, cfg)
     # x's tensor scale is one; nvfp4's weight tensor scale multiplies the fp32 result in the kernel
-    a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), jnp.ones((), jnp.float32),
-                                       w.tensor_scale if w.tensor_scale is not None else jnp.ones(()))
+    a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)
     ws_shape, zeroed = split_k_workspace(1, n, cfg)
     n_tiles = triton.cdiv(n, cfg.block_n)
     out, _, _ = scratch.scratch_call(

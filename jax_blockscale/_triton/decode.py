@@ -147,7 +147,7 @@ def _fp4_f32_ptx() -> str:
 def _fp4_e4m3_bytes_ptx(src: str) -> str:
     """PTX (7 integer operations, scratch registers t, u) turning the 8 e2m1 codes of the 32-bit word `src`
     into e4m3 bytes `s 0 0 e1 e0 m 0 0`: the 4 low nibbles in l, the 4 high ones in h, byte for byte
-    (`_fp4_f32_ptx`; also gemv_mma's fp16 decode)."""
+    (`_fp4_f32_ptx`; also benchmarks/decode_mma_f16.py's fp16 decode)."""
     return (# low nibbles: the sign (bit 3) to bit 7, e1 e0 m (bits 0..2) to bits 2..4
             f"shl.b32 t, {src}, 4;\nand.b32 t, t, 0x80808080;\n"
             f"shl.b32 u, {src}, 2;\nand.b32 u, u, 0x1C1C1C1C;\nor.b32 l, t, u;\n"

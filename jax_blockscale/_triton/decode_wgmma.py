@@ -111,27 +111,30 @@ def _pow2(n: int) -> list[int]:
 
 
 @gluon.constexpr_function
-def _weight_layout(num_warps, chunk_bytes, group_bytes):
-    """(rows, groups, bytes) layout of a (16 * num_warps, chunk_bytes / group_bytes, group_bytes) chunk of
-    weight bytes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 and, of each 64-byte piece of
-    their bytes, the t-th 16 bytes (one vector; a row quad's load covers 64 contiguous bytes), i.e. wgmma's
-    A fragment of those rows after `_slots`."""
+def _weight_layout(num_warps, chunk_bytes, group_bytes, tiles=1):
+    """(rows, groups, bytes) layout of a (16 * num_warps * tiles, chunk_bytes / group_bytes, group_bytes)
+    chunk of weight bytes: thread 4g + t of warp w holds rows 16w + g and 16w + g + 8 (of each of `tiles`
+    m16 tiles, 16 * num_warps rows apart: benchmarks/decode_mma_f16.py takes several per warp) and, of each
+    64-byte piece of their bytes, the t-th 16 bytes (one vector; a row quad's load covers 64 contiguous
+    bytes), i.e. wgmma's A fragment of those rows after `_slots`."""
     def at(byte):  # a byte offset within the row's chunk -> (group, byte in group)
         return [0, byte // group_bytes, byte % group_bytes]
-    regs = [at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk_bytes // 64)] + [[8, 0, 0]]
+    regs = ([at(b) for b in _pow2(16)] + [at(64 * h) for h in _pow2(chunk_bytes // 64)] + [[8, 0, 0]]
+            + [[16 * num_warps * i, 0, 0] for i in _pow2(tiles)])
     lanes = [at(16), at(32)] + [[r, 0, 0] for r in (1, 2, 4)]
     warps = [[16 * w, 0, 0] for w in _pow2(num_warps)]
     return gl.DistributedLinearLayout(regs, lanes, warps, [],
-                                      [16 * num_warps, chunk_bytes // group_bytes, group_bytes])
+                                      [16 * num_warps * tiles, chunk_bytes // group_bytes, group_bytes])
 
 
 @gluon.constexpr_function
-def _bytes_layout(num_warps, chunk_bytes):
+def _bytes_layout(num_warps, chunk_bytes, tiles=1):
     """`_weight_layout` as a 2D (rows, chunk_bytes) layout: what a thread reads from the ring."""
-    regs = [[0, b] for b in _pow2(16)] + [[0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[8, 0]]
+    regs = ([[0, b] for b in _pow2(16)] + [[0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[8, 0]]
+            + [[16 * num_warps * i, 0] for i in _pow2(tiles)])
     lanes = [[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]]
     warps = [[16 * w, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk_bytes])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps * tiles, chunk_bytes])
 
 
 @gluon.jit
