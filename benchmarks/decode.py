@@ -661,30 +661,35 @@ def wgmma_table(torch, shapes, rows=WGMMA_ROWS, pairs=WGMMA_PAIRS):
 
 def wgmma_knob_configs(p) -> list[tuple[str, "TileConfig"]]:
     """decode_wgmma's default config for `p` (first) and its neighbours: the other ring depth (2 / 3
-    stages), half and twice the K splits, 128-code chunks; only those `check_config` accepts. What
-    `default_config`'s stages and split rule were chosen from (session 16)."""
+    stages), half and twice the K splits, the other chunk (128 / 256 codes), two warp groups (128 weight
+    rows) at the default and half the splits; only those `check_config` accepts. What `default_config`'s
+    stages and split rules were chosen from (sessions 16 and 29)."""
     from jax_blockscale._triton import decode_wgmma
 
     base = decode_wgmma.default_config(p)
+    cands = [base.replace(block_k=chunk, num_stages=stages, split_k=max(1, split))
+             for chunk in (base.block_k, 384 - base.block_k) for stages in (base.num_stages, 5 - base.num_stages)
+             for split in (base.split_k, base.split_k // 2, base.split_k * 2)]
+    # two warp groups (128 weight rows per program: the staged activations serve twice the rows)
+    cands += [base.replace(num_warps=8, block_n=128, split_k=max(1, split))
+              for split in (base.split_k, base.split_k // 2)]
     out = []
-    for chunk in (base.block_k, 128):
-        for stages in (base.num_stages, 5 - base.num_stages):
-            for split in (base.split_k, base.split_k // 2, base.split_k * 2):
-                cfg = base.replace(block_k=chunk, num_stages=stages, split_k=max(1, split))
-                label = ("default " if cfg == base else "") + f"c{chunk} st{stages} sp{cfg.split_k}"
-                try:
-                    decode_wgmma.check_config(p, cfg)
-                except ValueError:
-                    continue
-                if all(c != cfg for _, c in out):
-                    out.append((label, cfg))
+    for cfg in cands:
+        label = (("default " if cfg == base else "") + f"c{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k}"
+                 + (f" w{cfg.num_warps}" if cfg.num_warps != base.num_warps else ""))
+        try:
+            decode_wgmma.check_config(p, cfg)
+        except ValueError:
+            continue
+        if all(c != cfg for _, c in out):
+            out.append((label, cfg))
     return out
 
 
 def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
-    """decode_wgmma at its default config and `wgmma_knob_configs`' neighbours, per format pair and row
-    count: every config checked against the reference, then profiled in `rounds` interleaved rounds (XLA
-    bf16 first, then each config once per round, so clock drift hits every row alike); kernel time is the
+    """decode_wgmma at its default config and `wgmma_knob_configs`' neighbours, and what dispatch runs there,
+    per format pair and row count: every config checked against the reference, then profiled in `rounds`
+    interleaved rounds (XLA bf16 first, then each config once per round, so clock drift hits every row alike); kernel time is the
     median over rounds (CUPTI), the wall clock per call beside it."""
     import statistics
 
@@ -709,6 +714,8 @@ def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
                         print(f"| {n} | {k} | {fa} | {fb} | {m} | {label} | WRONG | | | | | {err:.1e} |")
                         continue
                     timed.append((label, jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg)), err))
+                disp = jax.jit(lambda x, w: jb.matmul(x, w))
+                timed.append((f"dispatch: {jb.explain(xa, ws[0]).kernel}", disp, _checked(xa, ws[0])))
                 xla, us = [], {label: [] for label, _, _ in timed}
                 for _ in range(rounds):
                     xla.append(kernel_us(_XLA_BF16, xla_args, torch))
@@ -859,9 +866,10 @@ def main(argv=None):
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
     ap.add_argument("--stream", action="store_true", help="M=1 mxfp4: the GEMV vs streaming its bytes only")
-    ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py per format pair, 1-16 rows")
+    ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py (and upcast above 16 "
+                    "rows) per format pair, 1-16 rows unless --rows")
     ap.add_argument("--wgmma-knobs", action="store_true",
-                    help="decode_wgmma's default config against its neighbours (stages, splits, chunk)")
+                    help="decode_wgmma's default config against its neighbours (stages, splits, chunk, warps)")
     ap.add_argument("--fp8", action="store_true",
                     help="block FP8 weights: decode_fp8 vs the swapped block_fp8 kernel and cuBLAS blockwise")
     ap.add_argument("--fp8-knobs", action="store_true", help="--fp8 with decode_fp8's neighbouring configs")

@@ -73,6 +73,8 @@ _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", N
 # activations of their scale family (MX activations x mxfp4, nvfp4 x nvfp4), decoded once per program.
 _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 _DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
+# At 33-64 rows (padded to 64): bf16 activations x fp4 weights, 8-bit MX activations x mxfp4.
+_DECODE_WGMMA_ROWS64 = _DECODE_WGMMA_PAIRS | {("e4m3", "e2m1"), ("e5m2", "e2m1")}
 # What else it takes (decode_wgmma.SUPPORTED): mxfp8 weights, measured slower than decode.py (opt-in below).
 _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
 # bf16 x fp4: H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-
@@ -157,6 +159,18 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     _DECODE_WGMMA_WHY + "activations padded to 32 rows; 1.12-1.50x the upcast path below at 17 and "
                     "32 rows (H100, 7168 x 4096 and 8192^2; nvfp4 there was 0.85-1.07x, so it keeps upcast)",
                     max_rows=32, min_rows=17, named_configs_only=True),
+        # H100, 2026-11-24, kernel time, the 5 issue shapes, against the upcast path that ran here before (session 29:
+        # benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): the activations streamed, 2 K splits
+        # (1 at K = 2048): bf16 x mxfp4 1.35-1.73x at 33 rows, 1.30-1.42x at 64 (1.23-1.61x / 1.23-1.45x XLA's
+        # bf16 dot); bf16 x nvfp4 1.13-1.40x / 1.12-1.19x; mxfp8 x mxfp4 1.18-1.77x / 1.01-1.40x (e5m2 activations
+        # take the same decode, not timed). Not taken: mxfp4 x mxfp4 (0.82-1.14x at 33 rows, 0.67-1.06x at 64) and
+        # nvfp4 x nvfp4 (0.92-1.20x / 0.81-1.31x, slower on 4 of 5 shapes): every program decodes the fp4
+        # activations again in fp32, as much decode work per program as the weight's.
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_ROWS64, "upcast",
+                    _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed through a 2-chunk ring beside "
+                    "the weight's, 2 K splits; 1.30-1.73x the upcast path below for bf16 x mxfp4, 1.12-1.40x for "
+                    "bf16 x nvfp4, 1.01-1.77x for mxfp8 x mxfp4 at 33 and 64 rows (H100, 2026-11-24)",
+                    max_rows=64, min_rows=33, named_configs_only=True),
         KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
                     "conversion", max_rows=32, named_configs_only=True,
                     opt_in="slower than decode.py for mxfp8 weights on an H100 (2026-11-23, kernel time, 16 rows: "

@@ -19,9 +19,11 @@ def enable_entry(monkeypatch, target: str, module: str) -> None:
 
 # The activation rows at which sm_90 dispatch sends fp4 weights to the Gluon decode kernel, per (activations,
 # weights) format (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not
-# read it: bf16 or MX activations x mxfp4 and nvfp4 x nvfp4 at 2-32 rows; bf16 activations x nvfp4 at 2-16.
-DECODE_WGMMA_ROWS = {("bf16", "mxfp4"): (2, 32), **{(fa, "mxfp4"): (2, 32) for fa in ("mxfp8", "mxfp8_e5m2", "mxfp4")},
-                     ("bf16", "nvfp4"): (2, 16), ("nvfp4", "nvfp4"): (2, 32)}
+# read it, as (first, last) row ranges: bf16 or 8-bit MX activations x mxfp4 at 2-64 rows, mxfp4 x mxfp4 and
+# nvfp4 x nvfp4 at 2-32, bf16 activations x nvfp4 at 2-16 and 33-64.
+DECODE_WGMMA_ROWS = {**{(fa, "mxfp4"): ((2, 64),) for fa in ("bf16", "mxfp8", "mxfp8_e5m2")},
+                     ("mxfp4", "mxfp4"): ((2, 32),), ("bf16", "nvfp4"): ((2, 16), (33, 64)),
+                     ("nvfp4", "nvfp4"): ((2, 32),)}
 
 
 def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:
@@ -30,5 +32,5 @@ def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:
     2 rows (one row keeps decode.py's GEMV), decode_wgmma where DECODE_WGMMA_ROWS says, else decode."""
     if (fa, fb) == ("fp8_block", "fp8_block") or ({fa, fb} <= {"mxfp8", "mxfp8_e5m2"} and rows >= 2):
         return "decode_fp8"
-    lo, hi = DECODE_WGMMA_ROWS.get((fa, fb), (1, 0))
-    return "decode_wgmma" if lo <= rows <= hi else "decode"
+    ranges = DECODE_WGMMA_ROWS.get((fa, fb), ())
+    return "decode_wgmma" if any(lo <= rows <= hi for lo, hi in ranges) else "decode"

@@ -60,10 +60,12 @@ def test_cublas_baseline_is_none_without_cuda(monkeypatch, capsys):
     assert "cuBLAS blockwise: n/a" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("m,n,k", [(16, 7168, 4096), (16, 7168, 2048), (32, 28672, 8192), (2, 64, 256)])
+@pytest.mark.parametrize("m,n,k", [(16, 7168, 4096), (16, 7168, 2048), (32, 28672, 8192), (2, 64, 256),
+                                   (64, 7168, 4096)])
 def test_wgmma_knob_configs_are_the_default_and_valid_neighbours(m, n, k):
     # --wgmma-knobs profiles decode_wgmma's default config against these: the default first, then distinct
-    # configs differing in stages, split-K or chunk, each one the kernel's own checks accept.
+    # configs differing in stages, split-K or chunk, or with two warp groups, each one the kernel's own checks
+    # accept.
     from jax_blockscale._triton import decode_wgmma
     from jax_blockscale._triton.problem import GemmProblem
 
@@ -73,10 +75,13 @@ def test_wgmma_knob_configs_are_the_default_and_valid_neighbours(m, n, k):
     assert len({c for _, c in configs}) == len(configs) > 1
     for label, cfg in configs:
         decode_wgmma.check_config(p, cfg)
-        assert label.endswith(f"c{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k}")
-        # only stages, split-K and chunk differ from the default
+        warps = f" w{cfg.num_warps}" if cfg.num_warps != configs[0][1].num_warps else ""
+        assert label.endswith(f"c{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k}{warps}")
+        # only stages, split-K, chunk and the warp groups differ from the default
         assert cfg.replace(block_k=configs[0][1].block_k, num_stages=configs[0][1].num_stages,
-                           split_k=configs[0][1].split_k) == configs[0][1]
+                           split_k=configs[0][1].split_k, num_warps=configs[0][1].num_warps,
+                           block_n=configs[0][1].block_n) == configs[0][1]
+    assert any(c.num_warps == 8 and c.block_n == 128 for _, c in configs)
     if k >= 2048:  # room for the other ring depth at the default chunk and split
         other = 5 - configs[0][1].num_stages
         assert any(c.num_stages == other and c.split_k == configs[0][1].split_k for _, c in configs)

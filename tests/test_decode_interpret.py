@@ -103,7 +103,7 @@ for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False,
                       out_dtype="float32",
                       config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
-# (mxfp8 x mxfp4 at 2-32 rows, 8-bit MX on both sides and block FP8 x block FP8 at 1-64 dispatch to Gluon
+# (mxfp8 x mxfp4 at 2-64 rows, 8-bit MX on both sides and block FP8 x block FP8 at 1-64 dispatch to Gluon
 # kernels, which the interpreter cannot run: mxfp8 weights here with bf16 or fp6 activations, and the other
 # pairs only with the configs above.)
 for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("bf16", "mxfp8", 16),

@@ -1,12 +1,13 @@
 """GPU tests of the Gluon decode kernel (`_triton/decode_wgmma.py`) against the jnp reference.
 
 Skipped without a GPU (and off Hopper: the kernel is wgmma's). bf16 activations x mxfp4 / nvfp4 weights at
-the rows dispatch sends them (mxfp4 2-32, nvfp4 2-16), and with its knobs forced (chunk, warps, split-K count
-and reduction, 32 padded rows); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4) with the
-kernel's config forced, and MX activations x mxfp4 and nvfp4 x nvfp4 at the rows dispatch sends them (2-32); on
-ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are exact in
-bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The default
-split-K reduction is checked to be bitwise deterministic. CPU coverage (dispatch, instructions):
+the rows dispatch sends them (mxfp4 2-64, nvfp4 2-16 and 33-64), and with its knobs forced (chunk, warps,
+split-K count and reduction, 32 padded rows; at 64 rows, where the activations stream, the same knobs and
+whole-split staging); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4) with the kernel's config
+forced, and MX activations x mxfp4 (8-bit 2-64 rows, fp4 2-32) and nvfp4 x nvfp4 (2-32) at the rows dispatch
+sends them; on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are
+exact in bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The
+default split-K reduction is checked to be bitwise deterministic (16 and 64 rows). CPU coverage (dispatch, instructions):
 tests/test_lowering_decode_wgmma.py; Gluon kernels do not run in Triton's interpreter.
 """
 
@@ -61,11 +62,12 @@ def _check(a, b, config=None, out_dtype=jnp.float32):
 
 
 @pytest.mark.parametrize("fb,m", [("mxfp4", 2), ("mxfp4", 5), ("mxfp4", 16), ("mxfp4", 17), ("mxfp4", 32),
-                                  ("nvfp4", 2), ("nvfp4", 5), ("nvfp4", 16)])
+                                  ("mxfp4", 33), ("mxfp4", 64), ("nvfp4", 2), ("nvfp4", 5), ("nvfp4", 16),
+                                  ("nvfp4", 40), ("nvfp4", 64)])
 @pytest.mark.parametrize("n,k", [(7168, 4096), (1000, 1000), (64, 7168)])
 def test_as_dispatched(fb, m, n, k):
     a, b = _operands(fb, m, n, k)
-    assert jb.explain(a, b).kernel == "decode_wgmma"  # mxfp4 up to 32 rows (padded to 32), nvfp4 up to 16
+    assert jb.explain(a, b).kernel == "decode_wgmma"  # mxfp4 2-64 rows, nvfp4 2-16 and 33-64
     _check(a, b)
     _check(a, b, out_dtype=jnp.bfloat16)
 
@@ -82,6 +84,21 @@ def test_every_knob(fb, changes):
     _check(a, b, config=_config(fb, m, n, k, **changes))
 
 
+@pytest.mark.parametrize("fb", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("changes,streamed", [
+    (dict(), True), (dict(split_k=2), True), (dict(block_k=256, num_stages=3), True),
+    (dict(num_warps=8, block_n=128), True), (dict(atomic_split_k=True, split_k=2), True),
+    (dict(split_k=4), False), (dict(split_k=16, atomic_split_k=True), False),  # 512 / 128 K per split: staged whole
+])
+def test_every_knob_at_64_rows(fb, changes, streamed):
+    m, n, k = 57, 1000, 2048
+    a, b = _operands(fb, m, n, k, seed=8)
+    cfg = _config(fb, m, n, k, **changes)
+    p = GemmProblem(1, False, m, n, k, "bf16", KINDS[fb], "bf16")
+    assert cfg.block_m == 64 and decode_wgmma.streams_activations(p, cfg) == streamed
+    _check(a, b, config=cfg)
+
+
 # 8-bit weights and quantized activations (decoded once per program into the staged bf16 tile), forced with
 # the kernel's own config: which of them dispatch sends here is the table's (measured) choice.
 QUANTIZED_PAIRS = [("bf16", "mxfp8"), ("bf16", "mxfp8_e5m2"), ("mxfp8", "mxfp8"), ("mxfp8", "mxfp4"),
@@ -89,15 +106,15 @@ QUANTIZED_PAIRS = [("bf16", "mxfp8"), ("bf16", "mxfp8_e5m2"), ("mxfp8", "mxfp8")
 
 
 @pytest.mark.parametrize("fa,fb", QUANTIZED_PAIRS)
-@pytest.mark.parametrize("m,n,k", [(2, 7168, 4096), (16, 1000, 1000), (32, 64, 2048)])
+@pytest.mark.parametrize("m,n,k", [(2, 7168, 4096), (16, 1000, 1000), (32, 64, 2048), (64, 1000, 2048)])
 def test_quantized_activations_and_8bit_weights(fa, fb, m, n, k):
     a, b = _operands(fb, m, n, k, seed=5, fa=fa)
-    _check(a, b, config=_config(fb, m, n, k, fa=fa, block_m=16 if m <= 16 else 32))
+    _check(a, b, config=_config(fb, m, n, k, fa=fa))  # rows padded to 16, 32 or 64 (streamed)
 
 
 @pytest.mark.parametrize("fa,fb,m", [("mxfp8", "mxfp4", 2), ("mxfp8", "mxfp4", 8), ("mxfp8", "mxfp4", 16),
                                      ("mxfp8", "mxfp4", 17), ("mxfp8_e5m2", "mxfp4", 9), ("mxfp4", "mxfp4", 16),
-                                     ("mxfp4", "mxfp4", 32), ("nvfp4", "nvfp4", 3), ("nvfp4", "nvfp4", 16),
+                                     ("mxfp4", "mxfp4", 32), ("mxfp8", "mxfp4", 64), ("mxfp8_e5m2", "mxfp4", 33), ("nvfp4", "nvfp4", 3), ("nvfp4", "nvfp4", 16),
                                      ("nvfp4", "nvfp4", 24), ("nvfp4", "nvfp4", 32)])
 def test_quantized_activations_as_dispatched(fa, fb, m):
     a, b = _operands(fb, m, 7168, 4096, seed=7, fa=fa)
@@ -122,9 +139,10 @@ def test_batched_activations_and_nvfp4_tensor_scales():
     _check(a, b)
 
 
-def test_deterministic_by_default():
-    a, b = _operands("mxfp4", 16, 7168, 4096, seed=3)
-    cfg = _config("mxfp4", 16, 7168, 4096)
+@pytest.mark.parametrize("m", [16, 64])
+def test_deterministic_by_default(m):
+    a, b = _operands("mxfp4", m, 7168, 4096, seed=3)
+    cfg = _config("mxfp4", m, 7168, 4096)
     assert cfg.split_k > 1 and not cfg.atomic_split_k
     first = np.asarray(run_matmul(a, b, cfg))
     for _ in range(3):

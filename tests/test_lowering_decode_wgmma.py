@@ -1,6 +1,7 @@
 """The Gluon decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
 
-Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 at 2-32 and nvfp4 at 2-16 activation rows), its
+Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 at 2-64 and nvfp4 at 2-16 and 33-64 activation
+rows), its
 configuration rules, and what the compiled kernel promises: the weight streams through a ring of 16-byte
 cp.async copies and comes back as 16-byte ld.shared loads already in wgmma's A-operand registers (no
 ldmatrix: the K relabelling moves no data), wgmma m64n16k16 with A from registers and B (the activations)
@@ -8,7 +9,9 @@ from shared memory, the split-K counter's acq_rel atomic. Results are tested on 
 (tests/test_gpu_decode_wgmma.py).
 """
 
+import os
 import re
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +39,10 @@ def _problem(m=16, n=7168, k=4096, kind="e2m1"):
     ("sm_90", "mxfp4", 1, "decode"),          # one row: the CUDA-core GEMV measured faster
     ("sm_90", "mxfp4", 17, "decode_wgmma"),   # mxfp4 up to 32 rows (padded to wgmma n32) ...
     ("sm_90", "nvfp4", 17, "upcast"),         # ... bf16 x nvfp4 measured faster on the upcast path there
-    ("sm_90", "mxfp4", 33, "upcast"),
+    ("sm_90", "nvfp4", 32, "upcast"),
+    ("sm_90", "mxfp4", 33, "decode_wgmma"),   # 33-64 rows (padded to n64, the activations streamed): both fp4
+    ("sm_90", "nvfp4", 64, "decode_wgmma"),
+    ("sm_90", "mxfp4", 65, "upcast"),
     ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: measured slower here (opt-in)
     ("sm_100", "mxfp4", 16, "decode"),        # wgmma is Hopper's
 ])
@@ -47,9 +53,11 @@ def test_dispatch(target, fb, rows, want):
 
 @pytest.mark.parametrize("fa,fb,rows,want", [
     ("e4m3", "e2m1", 2, "decode_wgmma"), ("e4m3", "e2m1", 17, "decode_wgmma"), ("e5m2", "e2m1", 32, "decode_wgmma"),
-    ("e4m3", "e2m1", 33, "upcast"), ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"),
+    ("e4m3", "e2m1", 33, "decode_wgmma"), ("e5m2", "e2m1", 64, "decode_wgmma"), ("e4m3", "e2m1", 65, "upcast"),
+    ("e2m1", "e2m1", 32, "decode_wgmma"), ("e2m1", "e2m1", 33, "upcast"),  # fp4 activations: their decode
+    ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"),
     ("e4m3", "e2m1", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 16, "decode_wgmma"),
-    ("nvfp4", "nvfp4", 32, "decode_wgmma"), ("nvfp4", "nvfp4", 33, "upcast"),
+    ("nvfp4", "nvfp4", 32, "decode_wgmma"), ("nvfp4", "nvfp4", 33, "upcast"),  # its activations' decode: slower
     ("e4m3", "e4m3", 16, "decode_fp8"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in here
     ("e4m3", "e4m3", 1, "decode"),    # (8-bit MX on both sides takes decode_fp8 from 2 rows)
 ])
@@ -91,14 +99,29 @@ def test_default_config_pads_rows_and_keeps_the_staged_activations_small(rows, k
     assert (cfg.block_m, cfg.split_k) == (block_m, split)  # 32 rows: at most 1024 K per split (64 KiB)
     assert block_m * (k // split) * 2 <= dw.STAGED_BYTES
     dw.check_config(p, cfg)
+    assert not dw.streams_activations(p, cfg)
     with pytest.raises(ValueError, match="pads the activation rows"):
         dw.check_config(_problem(m=33, k=k), cfg)
+
+
+@pytest.mark.parametrize("rows,n,k,split", [(33, 7168, 4096, 2), (64, 7168, 4096, 2), (64, 7168, 2048, 1),
+                                            (64, 7168, 7168, 2), (64, 28672, 8192, 2), (48, 1000, 1024, 1)])
+def test_default_config_streams_the_activations_at_64_rows(rows, n, k, split):
+    p = _problem(m=rows, n=n, k=k)
+    cfg = dw.default_config(p)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (64, 64, 128, 4, 2)
+    assert cfg.split_k == split and not cfg.atomic_split_k
+    assert dw.streams_activations(p, cfg)  # 64 rows x K / split x 2 bytes: over STAGED_BYTES
+    dw.check_config(p, cfg)
+    # a split too large to stage is streamed, not refused
+    assert dw.streams_activations(p, cfg.replace(split_k=1))
+    dw.check_config(p, cfg.replace(split_k=1))
 
 
 @pytest.mark.parametrize("changes,match", [
     (dict(block_m=8), "pads the activation rows"), (dict(block_n=128), "weight rows per warp"),
     (dict(block_k=1024), "block_k"), (dict(split_k=3), "multiple of block_k"), (dict(num_stages=1), "num_stages"),
-    (dict(split_k=1), "exceeds 2048"), (dict(block_m=32, split_k=4), "exceeds 1024"),
+    (dict(num_stages=9), "num_stages"),
 ])
 def test_check_config_says_why(changes, match):
     p = _problem(k=8192)
@@ -111,13 +134,15 @@ def test_check_config_says_why(changes, match):
 _PTR = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m1": "*u8", "nvfp4": "*u8"}
 
 
-def _compile(w_kind, x_kind="bf16", chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3):
+def _compile(w_kind, x_kind="bf16", chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3, rows=16,
+             stream=False):
     sig = dict(w_ptr=_PTR[w_kind], s_ptr="*fp8e4nv" if w_kind == "nvfp4" else "*u8", x_ptr=_PTR[x_kind],
                xs_ptr={"bf16": "*bf16", "nvfp4": "*fp8e4nv"}.get(x_kind, "*u8"), a_ts_ptr="*fp32", b_ts_ptr="*fp32",
                out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
     return compile_kernel(dw.decode_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
-                          constexprs=dict(M=16, N=7168, K=k, BM=16, W_KIND=w_kind, X_KIND=x_kind, CHUNK=chunk,
-                                          SPLIT_K=split, STAGES=stages, ATOMIC=atomic, WIDE=False)).asm["ptx"]
+                          constexprs=dict(M=rows, N=7168, K=k, BM=rows, W_KIND=w_kind, X_KIND=x_kind, CHUNK=chunk,
+                                          SPLIT_K=split, STAGES=stages, ATOMIC=atomic, WIDE=False,
+                                          STREAM_X=stream)).asm["ptx"]
 
 
 @pytest.mark.parametrize("w_kind,x_kind,chunk,warps", [
@@ -135,6 +160,24 @@ def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(w_kind, x_k
     wgmmas = WGMMA_REG_A.findall(ptx)
     assert len(wgmmas) == chunk // 16, len(wgmmas)  # one per k16 step of the chunk (the loop is not unrolled)
     assert "atom.global.gpu.acq_rel" in ptx or "atom.acq_rel.gpu.global" in ptx
+
+
+@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("nvfp4", "bf16"), ("e2m1", "e4m3")])
+def test_streamed_activations_keep_one_wgmma_in_flight(w_kind, x_kind, tmp_path):
+    # 64 rows, the activations through a 2-chunk ring: m64n64k16 wgmmas from registers, left in flight (wait for
+    # one outstanding) across the next chunk's stores, and ptxas neither serializes them nor spills.
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptx = _compile(w_kind, x_kind, chunk=128, split=2, stages=2, rows=64, stream=True)
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\s+\{[^}]*\},\s*\{[^}]*\},\s*%rd", ptx)
+    assert len(wgmmas) == 128 // 16
+    assert {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)} == {0, 1}
+    path = tmp_path / "k.ptx"
+    path.write_text(ptx)
+    report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", os.devnull],
+                            capture_output=True, text=True, check=True).stderr
+    assert "C7514" not in report and "C7515" not in report  # no wgmma serialized
+    assert "0 bytes spill stores, 0 bytes spill loads" in report
 
 
 @pytest.mark.parametrize("w_kind,cvt", [("e4m3", "cvt.rn.f16x2.e4m3x2"), ("e5m2", "cvt.rn.f16x2.e5m2x2")])

@@ -1,11 +1,11 @@
 """Decode GEMM on Hopper: the weight decoded straight into wgmma's register operand (Gluon).
 
-Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-32 activation rows, with bf16 activations or quantized
+Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-64 activation rows, with bf16 activations or quantized
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
-activations x mxfp4 and nvfp4 x nvfp4 at 2-32 rows, bf16 activations x nvfp4 at 2-16. mxfp8
-weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per element, and their
-decode keeps the kernel issue-bound).
+activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-16 and 33-64, nvfp4 x
+nvfp4 at 2-32. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per
+element, and their decode keeps the kernel issue-bound).
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
 MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
@@ -13,8 +13,8 @@ Triton the decoded weight reaches the MMA through a layout conversion in shared 
 at 1.1-1.5x XLA's bf16 dot at 8-16 rows). Gluon lets the kernel hold the weight in the layout wgmma's A
 operand has in registers:
 
-- The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16 or 32 rows, its
-  N side (wgmma m64n16k16 / m64n32k16, A from registers, B from shared memory). Thread `4g + t` of warp `w`
+- The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16, 32 or 64 rows, its
+  N side (wgmma m64n16k16 / m64n32k16 / m64n64k16, A from registers, B from shared memory). Thread `4g + t` of warp `w`
   holds, for every k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
 - The dot product is a sum over K, so K may be relabelled, identically in both operands. `_slots` gives
   thread t of a row quad the t-th 16 bytes of every 64-byte piece of the row (32 consecutive fp4 codes):
@@ -29,11 +29,15 @@ operand has in registers:
   by the scale (`_fp8_quad_ptx`). 16-byte vectors hold 32 fp4 or 16 8-bit codes; `_slots` relabels K for
   either.
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
-  program (`_stage_activations`): the activations are tiny next to the weight.
+  program (`_stage_activations`): the activations are tiny next to the weight. A split's activations are
+  staged whole up to `STAGED_BYTES` (16 and 32 rows); at 64 rows they stream through a 2-chunk ring beside
+  the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays in flight
+  (asynchronous wgmma) while they are stored.
 - Grid (cdiv(N, 64), SPLIT_K): about six short programs per SM, each two or more 256-code chunks of its
   64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
   tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and (except at K = 2048)
   128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster (`_TARGET_PROGRAMS`).
+  At 64 rows: 2 splits (1 at K < 4096) of 128-code chunks (`_STREAMED_SPLIT`).
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
 workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
@@ -46,7 +50,10 @@ each scheduler issues 0.41 instructions per cycle with 3.3 warps resident (regis
 per SM), and a program's decode (~4 instructions per weight element), its activation staging and its
 split-K epilogue (stores, then the counter's round trip) are one dependent chain. The kernel reads the
 weight at 35-57% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
-or a layout prepared at quantization time.
+or a layout prepared at quantization time. At 64 rows (bf16 x mxfp4, 1.14-1.47x XLA's bf16 dot, 27-36% of a
+same-size read): every program re-reads all 64 activation rows of its split from L2 for its 64 weight rows,
+4 bytes of activations per weight byte (58.7 MB at 7168 x 4096 against a 15.6 MB weight), besides the
+wgmma work itself (3.8 GFLOP, ~4 us at the H100's dense bf16 peak).
 
 Hopper only: wgmma is sm_90a's instruction (sm_100 keeps decode.py, whose Triton source lowers to tcgen05).
 Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_wgmma.py checks results on the GPU
@@ -61,7 +68,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
@@ -75,9 +82,11 @@ _W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
 _MX_X_KINDS = ("e4m3", "e5m2", "e2m1")
 SUPPORTED: frozenset[tuple[str, str]] = frozenset(
     {("bf16", w) for w in _W_KINDS} | {(x, w) for x in _MX_X_KINDS for w in _W_KINDS if w != NVFP4} | {(NVFP4, NVFP4)})
-# The activations padded to wgmma's N side. 64 measured 1.2-2.1x slower than the upcast path (H100, 255
-# registers per thread: benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md).
-BLOCK_MS = (16, 32)
+# The activations padded to wgmma's N side. At 64 rows a program streams them through a 2-chunk ring
+# (`streams_activations`): staged whole, they forced 8-16 K splits, 1.2-2.1x slower than the upcast path
+# (benchmarks/results/decode_wgmma_rows17_64_h100_2026-11-23_session12.md); streamed, 2 splits run 1.2-1.4x
+# faster than it (H100, bf16 x mxfp4, session 29).
+BLOCK_MS = (16, 32, 64)
 ROWS_PER_WARP = 16  # weight rows per warp: a warp group's m64 tile is four warps' 16
 _INT32_LIMIT = 2**31
 
@@ -249,7 +258,7 @@ def split_k_epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, coun
                 total = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
             else:
                 total = gl.zeros([R, BM], gl.float32, layout=MMA)
-                for s in gl.static_range(SPLIT_K):  # fixed order: bitwise the same on every run
+                for s in range(SPLIT_K):  # fixed order: bitwise the same on every run
                     total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
             gl.store(out_ptr + offs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -258,11 +267,12 @@ def split_k_epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, coun
 def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
                         M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
                         W_KIND: gl.constexpr, X_KIND: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr,
-                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr):
+                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr, STREAM_X: gl.constexpr = False):
     """out (M, N) = a_ts * b_ts * decode(x (M, K), xs) @ decode(w (N, K / epb), s (N, K / group)).T. xs: the
     activations' scales (unread for bf16 ones). ws: (SPLIT_K, M, N) fp32 partials, or a zeroed (M, N) fp32
     accumulator (ATOMIC); count: zeroed int32 per N tile; both unused when SPLIT_K == 1. Grid
-    (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K."""
+    (cdiv(N, 16 * num_warps), SPLIT_K); K a multiple of CHUNK * SPLIT_K. STREAM_X: the activations go through
+    a 2-chunk ring beside the weight's (`streams_activations`) instead of being staged for the whole split."""
     W: gl.constexpr = gl.num_warps()
     R: gl.constexpr = 16 * W                      # weight rows per program: one m64 tile per warp group
     KS: gl.constexpr = K // SPLIT_K
@@ -294,15 +304,25 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
         _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R, N, K, GROUP, CHUNK, EPB, NC, STAGES, CL, SCL,
                     WIDE)
 
-    # This split's activations, decoded and relabelled like the weight, in shared memory: (NC, BM, CHUNK).
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
-    for c in gl.static_range(NC):
-        xv = _stage_activations(x_ptr, xs_ptr, k_begin + c * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
-        x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB))
+    # This split's activations, decoded and relabelled like the weight, in shared memory: (NC, BM, CHUNK), or,
+    # streamed, chunk i in slot i % 2 of a (2, BM, CHUNK) ring, chunk i + 1's global loads issued before
+    # chunk i's MMA and stored after it.
+    if STREAM_X:
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, CHUNK], XS)
+        xv = _stage_activations(x_ptr, xs_ptr, k_begin, M, K, BM, CHUNK, X_KIND, XL)
+        x_smem.index(0).store(_slots(xv, BM, CHUNK, 16 * EPB))
+    else:
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
+        for c in gl.static_range(NC):
+            xv = _stage_activations(x_ptr, xs_ptr, k_begin + c * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
+            x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB))
     fence_async_shared()
 
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
     for i in range(NC):
+        if STREAM_X:  # the next chunk's activations (the last program re-reads its own: an L1 hit)
+            xv = _stage_activations(x_ptr, xs_ptr, k_begin + gl.minimum(i + 1, NC - 1) * CHUNK, M, K, BM, CHUNK,
+                                    X_KIND, XL)
         async_copy.wait_group(STAGES - 2)  # chunk i's group has landed (this thread's copies) ...
         gl.thread_barrier()                # ... and every thread's; the slot read last iteration is free
         if STAGES - 1 < NC:  # else the prologue issued every chunk (and Triton 3.6 fails on the dead copies)
@@ -314,7 +334,18 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
         raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
         w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
         a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB), A_OP)  # the layouts agree: no data moves
-        acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
+        if STREAM_X:
+            # In flight while the next chunk's activations are stored and its weight decoded (at 64 rows 0.5-7%
+            # faster than a synchronous wgmma with bf16 activations, within 1% with quantized ones); waiting for
+            # one outstanding retires chunk i - 1's, the last reader of the slot stored next.
+            acc = warpgroup_mma(a, x_smem.index(i % 2).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))[0]
+            x_smem.index((i + 1) % 2).store(_slots(xv, BM, CHUNK, 16 * EPB))
+            fence_async_shared()
+        else:
+            acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
+    if STREAM_X:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
     split_k_epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
 
@@ -324,7 +355,7 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
 
 CHUNKS = (128, 256)  # K codes per step: 64 or 128 bytes of each weight row (16 or 32 per thread), both GPU-tested
 # A program stages its split's activations in shared memory: block_m x K / split_k x 2 bytes, at most 64 KiB
-# (K / split_k <= 2048 at 16 rows, 1024 at 32).
+# (K / split_k <= 2048 at 16 rows, 1024 at 32); past that it streams them (`streams_activations`).
 STAGED_BYTES = 64 * 1024
 MAX_STAGES = 8
 # The weight ring beside the staged activations (the H100 gives a program up to 227 KiB): 8 x 16 KiB at 128
@@ -340,6 +371,14 @@ RING_BYTES = 128 * 1024
 # over 2-7 N tiles ran 14.0-17.9 / 16.0-31.7 us at 1 / 16 rows against 12.7 / 15.6 for one tile each.
 _TARGET_PROGRAMS = 768
 _MIN_CHUNKS = 2
+# At 64 rows the activations stream (a split's no longer fits beside the ring) and each split adds 64 x N fp32
+# partials: H100, kernel time, bf16 x mxfp4, 2026-11-24 (session 29, interleaved rounds; benchmarks/results/
+# decode_wgmma_rows64_h100_2026-11-24_session29.md): 2 splits of 128-code chunks through a 2-chunk ring beat 1
+# split by 1.03-1.25x and 4 by 1.09-1.14x (7168 x 4096: 23.6 against 25.4 and 26.9 us; 8192 x 8192: 40.2
+# against 48.5 and 43.9), 256-code chunks by 1.01-1.15x, 3 stages by 1.03-1.08x, two warp groups by
+# 1.02-1.24x; at K = 2048 one split beat two (13.5 against 14.8 us).
+_STREAMED_SPLIT = 2
+_STREAMED_SPLIT_MIN_K = 4096
 
 
 def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
@@ -374,20 +413,23 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if ring > RING_BYTES:
         raise ValueError(f"the weight ring ({config.num_stages} stages x {config.block_n} rows x {config.block_k} codes) "
                          f"takes {ring // 1024} KiB of shared memory, over {RING_BYTES // 1024}; lower num_stages")
-    if config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES:
-        raise ValueError(f"K per split ({p.k} / {config.split_k}) exceeds {STAGED_BYTES // (2 * config.block_m)} at "
-                         f"block_m={config.block_m}: a program stages its "
-                         f"activations in shared memory; raise split_k")
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """64 weight rows (4 warps), 256-code chunks through a 2-chunk ring, and the fewest K splits (dividing K's
-    chunks, at most `STAGED_BYTES` of activations per program, `_MIN_CHUNKS` chunks per split where K has
-    them) that give about `_TARGET_PROGRAMS` programs; the rows padded to 16 or 32; deterministic split-K."""
+    """64 weight rows (4 warps) through a 2-chunk ring. At 2-32 rows (padded to 16 or 32): 256-code chunks and
+    the fewest K splits (dividing K's chunks, at most `STAGED_BYTES` of activations per program,
+    `_MIN_CHUNKS` chunks per split where K has them) that give about `_TARGET_PROGRAMS` programs. At 33-64
+    rows (padded to 64, the activations streamed): 128-code chunks and `_STREAMED_SPLIT`. Deterministic
+    split-K."""
     del target
+    block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
+    if block_m == 64:
+        chunk = 128
+        split = _STREAMED_SPLIT if p.k >= _STREAMED_SPLIT_MIN_K and p.k % (chunk * _STREAMED_SPLIT) == 0 else 1
+        return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
+                          split_k=split, kernel="decode_wgmma")
     chunk = 256 if p.k % 256 == 0 else 128
     n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
-    block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
     divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and block_m * (p.k // d) * 2 <= STAGED_BYTES]
     # Splits of one chunk measured slower than half as many of two (a program's fixed costs, the activation
     # staging and the split-K epilogue, weigh on less weight), unless K has a single chunk, or the staging
@@ -396,6 +438,12 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     split = next((d for d in divisors if n_tiles * d >= _TARGET_PROGRAMS), divisors[-1])
     return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
                       split_k=split, kernel="decode_wgmma")
+
+
+def streams_activations(p: GemmProblem, config: TileConfig) -> bool:
+    """Whether a program streams its activations through a 2-chunk ring (STREAM_X) rather than staging its whole
+    split at once: where the split's activations exceed `STAGED_BYTES`."""
+    return config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES
 
 
 # The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
@@ -428,6 +476,6 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         compute_capability=compute_capability, name=f"decode_wgmma_{p.a_kind}_{p.b_kind}",
         maxnreg=config.max_registers, M=rows, N=p.n, K=p.k, BM=config.block_m, W_KIND=p.b_kind, X_KIND=p.a_kind,
         CHUNK=config.block_k, SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
-        WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT,
+        WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT, STREAM_X=streams_activations(p, config),
     )
     return out.reshape(p.batch, p.m, p.n)
