@@ -163,14 +163,23 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): the activations streamed, 2 K splits
         # (1 at K = 2048): bf16 x mxfp4 1.35-1.73x at 33 rows, 1.30-1.42x at 64 (1.23-1.61x / 1.23-1.45x XLA's
         # bf16 dot); bf16 x nvfp4 1.13-1.40x / 1.12-1.19x; mxfp8 x mxfp4 1.18-1.77x / 1.01-1.40x (e5m2 activations
-        # take the same decode, not timed). Not taken: mxfp4 x mxfp4 (0.82-1.14x at 33 rows, 0.67-1.06x at 64) and
-        # nvfp4 x nvfp4 (0.92-1.20x / 0.81-1.31x, slower on 4 of 5 shapes): every program decodes the fp4
-        # activations again in fp32, as much decode work per program as the weight's.
+        # take the same decode, not timed). fp4 activations, decoded again by every program (as much decode
+        # work per program as the weight's), then by fp32 instructions: mxfp4 x mxfp4 0.82-1.14x / 0.67-1.06x,
+        # nvfp4 x nvfp4 0.92-1.20x / 0.81-1.31x. Decoded by the weight's instructions since (same session,
+        # second run), at 64 rows mxfp4 x mxfp4 0.84-1.20x and nvfp4 x nvfp4 0.87-1.58x the upcast path (mxfp8 x
+        # mxfp4 0.94-1.03x its earlier time; at 16 rows 0.98-1.04x; nvfp4 x nvfp4 at 32 rows 1.06-1.39x): nvfp4 x nvfp4 takes
+        # K >= 7168 below (1.00-1.58x there, 0.87-0.97x at K = 2048 / 4096), mxfp4 x mxfp4 keeps upcast (0.96x at
+        # 8192^2).
         KernelEntry("decode_wgmma", _DECODE_WGMMA_ROWS64, "upcast",
                     _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed through a 2-chunk ring beside "
                     "the weight's, 2 K splits; 1.30-1.73x the upcast path below for bf16 x mxfp4, 1.12-1.40x for "
                     "bf16 x nvfp4, 1.01-1.77x for mxfp8 x mxfp4 at 33 and 64 rows (H100, 2026-11-24)",
                     max_rows=64, min_rows=33, named_configs_only=True),
+        KernelEntry("decode_wgmma", frozenset({(NVFP4, NVFP4)}), "upcast",
+                    _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed, decoded by the weight's "
+                    "instructions; from K = 7168 1.00-1.58x the upcast path at 64 rows (H100, 2026-11-24: 48.48 vs "
+                    "51.11 us at 7168^2, 182.38 vs 287.47 at 28672 x 8192, 59.94 vs 59.99 at 8192^2)",
+                    max_rows=64, min_rows=33, min_size=(33, 1, 7168), named_configs_only=True),
         KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
                     "conversion", max_rows=32, named_configs_only=True,
                     opt_in="slower than decode.py for mxfp8 weights on an H100 (2026-11-23, kernel time, 16 rows: "

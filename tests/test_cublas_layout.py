@@ -65,7 +65,7 @@ def test_padded_shape_is_rejected_when_k_blocks_are_not_a_multiple_of_4():
 
 def test_row_major_activation_scales_are_rejected():
     """(M, L) row-major (strides (L, 1)) is not outer-dim-major: torch would not pick 1x128 for it."""
-    m, n, k = 16, 256, 512
+    m, k = 16, 512
     assert not cl.accepts_1x128((m, k), (m, 4), (4, 1))
     assert cl.accepts_1x128((m, k), (m, 4), (1, m))
     # M = 1: the size-1 dimension's stride is not checked, the other must equal M = 1

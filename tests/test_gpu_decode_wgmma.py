@@ -132,6 +132,13 @@ def test_quantized_pairs_every_knob(fa, fb, changes):
     _check(a, b, config=_config(fb, m, n, k, fa=fa, **changes))
 
 
+@pytest.mark.parametrize("m,k,want", [(48, 7168, "decode_wgmma"), (48, 4096, "upcast")])
+def test_nvfp4_activations_at_64_rows_as_dispatched(m, k, want):
+    a, b = _operands("nvfp4", m, 1000, k, seed=10, fa="nvfp4")
+    assert jb.explain(a, b).kernel == want  # from K = 7168 only (backends.py)
+    _check(a, b)
+
+
 def test_batched_activations_and_nvfp4_tensor_scales():
     a, b = _operands("nvfp4", 3, 777, 512, seed=2, batch=(2,))
     b = dataclasses.replace(b, tensor_scale=b.tensor_scale * 0.375)
@@ -167,3 +174,26 @@ def test_special_values_match_the_reference():
         np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
         fin = np.isfinite(ref)
         np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-5, atol=1e-6 * np.abs(ref[fin]).max())
+
+
+@pytest.mark.parametrize("fa,fb", [("mxfp8", "mxfp4"), ("mxfp8_e5m2", "mxfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4")])
+@pytest.mark.parametrize("m", [6, 40])  # staged (16 padded rows) and streamed (64)
+def test_special_activations_match_the_reference(fa, fb, m):
+    """Quantized activations decoded by the weight's instructions (bf16 multiplies by the scale): zero, tiny and
+    huge rows and a NaN match the reference's finite entries and its NaN / Inf pattern."""
+    n, k = 256, 1024
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0] = 0.0
+    x[1] *= 1e-30
+    x[2] *= 1e30
+    x[3, 7] = np.nan
+    a = jb.quantize_operand(jnp.asarray(x), fa, side="a")
+    b = jb.quantize_operand(jnp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)), fb, side="b")
+    out = np.asarray(run_matmul(a, b, _config(fb, m, n, k, fa=fa)))
+    ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    fin = np.isfinite(ref)
+    for row in range(m):  # per row: the tiny row's scale is ~1e-30 of the others'
+        f = fin[row]
+        np.testing.assert_allclose(out[row, f], ref[row, f], rtol=1e-5, atol=1e-6 * np.abs(ref[row, f]).max(initial=0))

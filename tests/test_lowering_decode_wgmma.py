@@ -67,6 +67,13 @@ def test_dispatch_quantized_activations(fa, fb, rows, want):
     assert backends.choose("sm_90", fa, fb, rows=rows, kernel="decode_wgmma").kernel == "decode_wgmma"
 
 
+@pytest.mark.parametrize("rows,k,want", [(33, 7168, "decode_wgmma"), (64, 8192, "decode_wgmma"), (64, 4096, "upcast"),
+                                         (64, None, "upcast"), (65, 8192, "upcast"), (32, 4096, "decode_wgmma")])
+def test_dispatch_nvfp4_activations_at_64_rows_from_k_7168(rows, k, want):
+    # nvfp4 x nvfp4 at 33-64 rows measured faster than the upcast path only from K = 7168 (backends.py)
+    assert backends.choose("sm_90", "nvfp4", "nvfp4", rows=rows, n=7168, k=k).kernel == want
+
+
 def test_the_table_lists_what_the_kernel_takes():
     pairs = set()
     for e in backends.KERNEL_TABLE["sm_90"]:

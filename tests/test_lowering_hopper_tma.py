@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("triton")
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 

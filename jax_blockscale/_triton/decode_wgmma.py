@@ -4,7 +4,7 @@ Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-64 activation rows, wi
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
 activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-16 and 33-64, nvfp4 x
-nvfp4 at 2-32. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per
+nvfp4 at 2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per
 element, and their decode keeps the kernel issue-bound).
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
@@ -29,7 +29,8 @@ operand has in registers:
   by the scale (`_fp8_quad_ptx`). 16-byte vectors hold 32 fp4 or 16 8-bit codes; `_slots` relabels K for
   either.
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
-  program (`_stage_activations`): the activations are tiny next to the weight. A split's activations are
+  program (`_stage_activations`), by the weight's instructions: the activations are tiny next to the weight,
+  but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's activations are
   staged whole up to `STAGED_BYTES` (16 and 32 rows); at 64 rows they stream through a 2-chunk ring beside
   the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays in flight
   (asynchronous wgmma) while they are stored.
@@ -73,7 +74,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
 from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
-from .upcast import codes_to_f32, minifloat_to_f32, scales_to_f32
 from .problem import NVFP4, GemmProblem, TileConfig
 
 # Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
@@ -182,26 +182,41 @@ def _decode(packed, raw_s, W_KIND: gl.constexpr):
 def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
                        CHUNK: gl.constexpr, X_KIND: gl.constexpr, XL: gl.constexpr):
     """Activation rows 0..BM-1 (rows >= M zero) at K offset k0 as (BM, CHUNK) bf16 in K order. Quantized
-    kinds are decoded with their scales here, once per program (the activations are tiny), by upcast.py's
-    fp32 decode: the MX kinds times their e8m0 scales, nvfp4 times its e4m3 ones (its tensor scale multiplies
-    the fp32 result). Exact in bf16 unless a value leaves bf16's range, as the weight's decode."""
+    kinds are decoded with their scales here, once per program, by the weight's instructions (`_decode`):
+    fp4 codes by bit placement, 8-bit ones by the hardware's conversion, then one bf16 multiply by the
+    scale (e8m0 for MX, e4m3 for nvfp4, whose tensor scale multiplies the fp32 result). Every code times
+    its scale is exact in bf16 unless it leaves bf16's range, where one rounding of the exact product
+    remains, as in an fp32 product rounded to bf16: the same bits."""
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
     xk = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, XL))
     in_m = xm[:, None] < M
     if X_KIND == "bf16":
         x = gl.load(x_ptr + xm[:, None] * K + k0 + xk[None, :], mask=in_m, other=0.0)
-    else:
+    elif X_KIND == "e2m1" or X_KIND == "nvfp4":
         GROUP: gl.constexpr = 16 if X_KIND == "nvfp4" else 32
-        # Rows past M read row M - 1 (no float8 `other` exists) and are zeroed below.
-        rows = gl.minimum(xm, M - 1)[:, None]
-        s = scales_to_f32(gl.load(xs_ptr + rows * (K // GROUP) + (k0 + xk[None, :]) // GROUP), X_KIND)
-        if X_KIND == "e2m1" or X_KIND == "nvfp4":
-            # byte k // 2 holds code k in its low (k even) or high (k odd) nibble
-            byte = gl.load(x_ptr + rows * (K // 2) + (k0 + xk[None, :]) // 2)
-            v = minifloat_to_f32(byte >> ((xk[None, :] % 2) * 4).to(gl.uint8), 2, 1, 0)
+        # (BM, CHUNK / 2) bytes, 4 per thread: the 8 codes XL gives a thread, once the nibbles are joined.
+        XB: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
+        bm = gl.arange(0, BM, layout=gl.SliceLayout(1, XB))
+        bc = gl.arange(0, CHUNK // 2, layout=gl.SliceLayout(0, XB))
+        # Rows past M: code 0 (+0) times row M - 1's scale (no float8 `other` exists), a column of the
+        # product that is never stored.
+        byte = gl.load(x_ptr + bm[:, None] * (K // 2) + k0 // 2 + bc[None, :], mask=bm[:, None] < M, other=0)
+        raw = gl.load(xs_ptr + gl.minimum(bm, M - 1)[:, None] * (K // GROUP) + (k0 + 2 * bc[None, :]) // GROUP)
+        if X_KIND == "nvfp4":
+            sc = raw.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
         else:
-            v = codes_to_f32(gl.load(x_ptr + rows * K + k0 + xk[None, :]), X_KIND)
-        x = gl.where(in_m, v * s, 0.0).to(gl.bfloat16)
+            sc = e8m0_to_bf16(raw)
+        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [byte, sc],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        x = gl.reshape(gl.join(lo, hi), [BM, CHUNK])  # byte j holds code 2j in its low nibble
+    else:  # e4m3 / e5m2 codes, e8m0 scales per 32
+        rows = gl.minimum(xm, M - 1)[:, None]  # rows past M read row M - 1 and are zeroed below
+        codes = gl.load(x_ptr + rows * K + k0 + xk[None, :])
+        sc = e8m0_to_bf16(gl.load(xs_ptr + rows * (K // 32) + (k0 + xk[None, :]) // 32))
+        ptx: gl.constexpr = _E4M3_PTX if X_KIND == "e4m3" else _E5M2_PTX
+        v = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [codes.to(gl.uint8, bitcast=True), sc],
+                                      dtype=gl.bfloat16, is_pure=True, pack=4)
+        x = gl.where(in_m, v, 0.0)
     return x
 
 
