@@ -156,16 +156,22 @@ def test_deterministic_by_default(m):
         np.testing.assert_array_equal(np.asarray(run_matmul(a, b, cfg)), first)
 
 
+def _special_rows(rng, rows, k, nan_at):
+    """(rows, k) normal samples with row 0 zero, row 1 tiny (1e-30), row 2 huge (1e30), a NaN in row 3."""
+    v = rng.standard_normal((rows, k)).astype(np.float32)
+    v[0] = 0.0
+    v[1] *= 1e-30
+    v[2] *= 1e30
+    v[3, nan_at] = np.nan
+    return v
+
+
 def test_special_values_match_the_reference():
     """Zero, tiny and huge weights, NaN scales: the kernel's bf16 decode is exact, so its output matches
     the reference's finite entries and its NaN / Inf pattern."""
     m, n, k = 4, 256, 512
     rng = np.random.default_rng(4)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    w[0] = 0.0
-    w[1] *= 1e-30
-    w[2] *= 1e30
-    w[3, 5] = np.nan
+    w = _special_rows(rng, n, k, nan_at=5)
     a = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32)).astype(jnp.bfloat16)
     for fb in ("mxfp4", "nvfp4", "mxfp8"):
         b = jb.quantize_operand(jnp.asarray(w), fb, side="b")
@@ -183,12 +189,7 @@ def test_special_activations_match_the_reference(fa, fb, m):
     huge rows and a NaN match the reference's finite entries and its NaN / Inf pattern."""
     n, k = 256, 1024
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    x[0] = 0.0
-    x[1] *= 1e-30
-    x[2] *= 1e30
-    x[3, 7] = np.nan
-    a = jb.quantize_operand(jnp.asarray(x), fa, side="a")
+    a = jb.quantize_operand(jnp.asarray(_special_rows(rng, m, k, nan_at=7)), fa, side="a")
     b = jb.quantize_operand(jnp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)), fb, side="b")
     out = np.asarray(run_matmul(a, b, _config(fb, m, n, k, fa=fa)))
     ref = np.asarray(jb.reference.matmul(a, b, out_dtype=jnp.float32))
