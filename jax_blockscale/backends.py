@@ -167,9 +167,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # work per program as the weight's), then by fp32 instructions: mxfp4 x mxfp4 0.82-1.14x / 0.67-1.06x,
         # nvfp4 x nvfp4 0.92-1.20x / 0.81-1.31x. Decoded by the weight's instructions since (same session,
         # second run), at 64 rows mxfp4 x mxfp4 0.84-1.20x and nvfp4 x nvfp4 0.87-1.58x the upcast path (mxfp8 x
-        # mxfp4 0.94-1.03x its earlier time; at 16 rows 0.98-1.04x; nvfp4 x nvfp4 at 32 rows 1.06-1.39x): nvfp4 x nvfp4 takes
-        # K >= 7168 below (1.00-1.58x there, 0.87-0.97x at K = 2048 / 4096), mxfp4 x mxfp4 keeps upcast (0.96x at
-        # 8192^2).
+        # mxfp4 0.94-1.03x its earlier time; at 16 rows 0.98-1.04x; nvfp4 x nvfp4 at 32 rows 1.06-1.39x):
+        # nvfp4 x nvfp4 takes K >= 7168 below (1.00-1.58x there, 0.87-0.97x at K = 2048 / 4096), mxfp4 x mxfp4
+        # keeps upcast (0.96x at 8192^2).
         KernelEntry("decode_wgmma", _DECODE_WGMMA_ROWS64, "upcast",
                     _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed through a 2-chunk ring beside "
                     "the weight's, 2 K splits; 1.30-1.73x the upcast path below for bf16 x mxfp4, 1.12-1.40x for "

@@ -7,8 +7,8 @@ whole-split staging); 8-bit (mxfp8) weights and quantized activations (MX, nvfp4
 forced, and MX activations x mxfp4 (8-bit 2-64 rows, fp4 2-32) and nvfp4 x nvfp4 (2-32) at the rows dispatch
 sends them; on ragged N, odd K (padded to 256), batched activations and nvfp4 tensor scales. Products are
 exact in bf16, so float32 outputs differ from the reference only by the fp32 summation order (1e-5). The
-default split-K reduction is checked to be bitwise deterministic (16 and 64 rows). CPU coverage (dispatch, instructions):
-tests/test_lowering_decode_wgmma.py; Gluon kernels do not run in Triton's interpreter.
+default split-K reduction is checked to be bitwise deterministic (16 and 64 rows). CPU coverage (dispatch,
+instructions): tests/test_lowering_decode_wgmma.py; Gluon kernels do not run in Triton's interpreter.
 """
 
 import dataclasses
@@ -114,7 +114,8 @@ def test_quantized_activations_and_8bit_weights(fa, fb, m, n, k):
 
 @pytest.mark.parametrize("fa,fb,m", [("mxfp8", "mxfp4", 2), ("mxfp8", "mxfp4", 8), ("mxfp8", "mxfp4", 16),
                                      ("mxfp8", "mxfp4", 17), ("mxfp8_e5m2", "mxfp4", 9), ("mxfp4", "mxfp4", 16),
-                                     ("mxfp4", "mxfp4", 32), ("mxfp8", "mxfp4", 64), ("mxfp8_e5m2", "mxfp4", 33), ("nvfp4", "nvfp4", 3), ("nvfp4", "nvfp4", 16),
+                                     ("mxfp4", "mxfp4", 32), ("mxfp8", "mxfp4", 64), ("mxfp8_e5m2", "mxfp4", 33),
+                                     ("nvfp4", "nvfp4", 3), ("nvfp4", "nvfp4", 16),
                                      ("nvfp4", "nvfp4", 24), ("nvfp4", "nvfp4", 32)])
 def test_quantized_activations_as_dispatched(fa, fb, m):
     a, b = _operands(fb, m, 7168, 4096, seed=7, fa=fa)

@@ -4,8 +4,8 @@ Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-64 activation rows, wi
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
 activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-16 and 33-64, nvfp4 x
-nvfp4 at 2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit codes double the bytes per
-element, and their decode keeps the kernel issue-bound).
+nvfp4 at 2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit
+codes double the bytes per element, and their decode keeps the kernel issue-bound).
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
 MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
@@ -14,8 +14,8 @@ at 1.1-1.5x XLA's bf16 dot at 8-16 rows). Gluon lets the kernel hold the weight 
 operand has in registers:
 
 - The weight is the MMA's M side (64 rows per warp group), the activations, padded to 16, 32 or 64 rows, its
-  N side (wgmma m64n16k16 / m64n32k16 / m64n64k16, A from registers, B from shared memory). Thread `4g + t` of warp `w`
-  holds, for every k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
+  N side (wgmma m64n16k16 / m64n32k16 / m64n64k16, A from registers, B from shared memory). Thread `4g + t`
+  of warp `w` holds, for every k16 step, rows `16w + g` and `16w + g + 8` at K slots {2t, 2t+1, 2t+8, 2t+9}.
 - The dot product is a sum over K, so K may be relabelled, identically in both operands. `_slots` gives
   thread t of a row quad the t-th 16 bytes of every 64-byte piece of the row (32 consecutive fp4 codes):
   one 16-byte shared-memory load per piece lands exactly in its A fragment, with no ldmatrix and no
@@ -30,10 +30,10 @@ operand has in registers:
   either.
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
   program (`_stage_activations`), by the weight's instructions: the activations are tiny next to the weight,
-  but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's activations are
-  staged whole up to `STAGED_BYTES` (16 and 32 rows); at 64 rows they stream through a 2-chunk ring beside
-  the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays in flight
-  (asynchronous wgmma) while they are stored.
+  but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's
+  activations are staged whole up to `STAGED_BYTES` (16 and 32 rows); at 64 rows they stream through a
+  2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays
+  in flight (asynchronous wgmma) while they are stored.
 - Grid (cdiv(N, 64), SPLIT_K): about six short programs per SM, each two or more 256-code chunks of its
   64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
   tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and (except at K = 2048)
@@ -51,7 +51,7 @@ each scheduler issues 0.41 instructions per cycle with 3.3 warps resident (regis
 per SM), and a program's decode (~4 instructions per weight element), its activation staging and its
 split-K epilogue (stores, then the counter's round trip) are one dependent chain. The kernel reads the
 weight at 35-57% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
-or a layout prepared at quantization time. At 64 rows (bf16 x mxfp4, 1.14-1.47x XLA's bf16 dot, 27-36% of a
+or a layout prepared at quantization time. At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a
 same-size read): every program re-reads all 64 activation rows of its split from L2 for its 64 weight rows,
 4 bytes of activations per weight byte (58.7 MB at 7168 x 4096 against a 15.6 MB weight), besides the
 wgmma work itself (3.8 GFLOP, ~4 us at the H100's dense bf16 peak).
