@@ -152,12 +152,18 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # 28672 x 8192, 170.6 vs 159.9 us), so both take 2-32 rows. 17 rows pad to the same 32 and were not timed.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_QUANTIZED_X, "upcast",
                     _DECODE_WGMMA_WHY + "the quantized activations decoded to bf16 once per program; at 16 rows "
-                    "mxfp8 x mxfp4 1.42-1.91x XLA's bf16 dot (decode.py 0.84-1.14x); at 32 rows 0.97-1.30x the "
-                    "upcast path (nvfp4 x nvfp4 0.94-1.26x) on an H100 (2026-11-23)", max_rows=32, min_rows=2,
+                    "mxfp8 x mxfp4 1.42-1.91x XLA's bf16 dot (decode.py 0.84-1.14x); at 32 rows, with 2 streamed "
+                    "splits, 1.22-1.40x the upcast path (nvfp4 x nvfp4 1.30-1.44x) on an H100 (2026-11-24)",
+                    max_rows=32, min_rows=2,
                     named_configs_only=True),
-        KernelEntry("decode_wgmma", frozenset({("bf16", "e2m1")}), "upcast",
-                    _DECODE_WGMMA_WHY + "activations padded to 32 rows; 1.12-1.50x the upcast path below at 17 and "
-                    "32 rows (H100, 7168 x 4096 and 8192^2; nvfp4 there was 0.85-1.07x, so it keeps upcast)",
+        # bf16 x nvfp4 joined at 17-32 rows with session 29's 2 streamed splits (decode_wgmma.default_config):
+        # 1.11-1.34x the upcast path on the 5 issue shapes (H100, 2026-11-24, runs 5-6 of benchmarks/results/
+        # decode_wgmma_rows64_h100_2026-11-24_session29.md; the staged 4-8 splits had run 0.85-1.07x); bf16 x mxfp4
+        # there 1.55-1.80x.
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast",
+                    _DECODE_WGMMA_WHY + "activations padded to 32 rows, 2 K splits (streamed from K = 4096); "
+                    "1.55-1.80x the upcast path below at 32 rows for mxfp4, 1.11-1.34x for nvfp4 (H100, "
+                    "2026-11-24)",
                     max_rows=32, min_rows=17, named_configs_only=True),
         # H100, 2026-11-24, kernel time, the 5 issue shapes, against the upcast path that ran here before (session 29:
         # benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): the activations streamed, 2 K splits

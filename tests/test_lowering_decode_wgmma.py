@@ -1,7 +1,6 @@
 """The Gluon decode kernel (`_triton/decode_wgmma.py`), dispatched and compiled on a CPU machine.
 
-Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 at 2-64 and nvfp4 at 2-16 and 33-64 activation
-rows), its
+Checked: which problems dispatch sends it (sm_90, bf16 x mxfp4 / nvfp4 at 2-64 activation rows), its
 configuration rules, and what the compiled kernel promises: the weight streams through a ring of 16-byte
 cp.async copies and comes back as 16-byte ld.shared loads already in wgmma's A-operand registers (no
 ldmatrix: the K relabelling moves no data), wgmma m64n16k16 with A from registers and B (the activations)
@@ -38,8 +37,8 @@ def _problem(m=16, n=7168, k=4096, kind="e2m1"):
     ("sm_90", "mxfp4", 16, "decode_wgmma"), ("sm_90", "nvfp4", 2, "decode_wgmma"),
     ("sm_90", "mxfp4", 1, "decode"),          # one row: the CUDA-core GEMV measured faster
     ("sm_90", "mxfp4", 17, "decode_wgmma"),   # mxfp4 up to 32 rows (padded to wgmma n32) ...
-    ("sm_90", "nvfp4", 17, "upcast"),         # ... bf16 x nvfp4 measured faster on the upcast path there
-    ("sm_90", "nvfp4", 32, "upcast"),
+    ("sm_90", "nvfp4", 17, "decode_wgmma"),   # ... and bf16 x nvfp4 since its 2 streamed splits
+    ("sm_90", "nvfp4", 32, "decode_wgmma"),
     ("sm_90", "mxfp4", 33, "decode_wgmma"),   # 33-64 rows (padded to n64, the activations streamed): both fp4
     ("sm_90", "nvfp4", 64, "decode_wgmma"),
     ("sm_90", "mxfp4", 65, "upcast"),
@@ -98,15 +97,16 @@ def test_default_config(n, k, split):
     dw.check_config(_problem(n=n, k=k), cfg)
 
 
-@pytest.mark.parametrize("rows,k,block_m,split", [(17, 4096, 32, 8), (32, 4096, 32, 8), (32, 2048, 32, 4),
-                                                   (32, 8192, 32, 8), (32, 1024, 32, 2)])
-def test_default_config_pads_rows_and_keeps_the_staged_activations_small(rows, k, block_m, split):
+@pytest.mark.parametrize("rows,k,split,streamed", [(17, 4096, 2, True), (32, 4096, 2, True), (32, 2048, 2, False),
+                                                    (32, 8192, 2, True), (32, 1024, 2, False), (32, 512, 1, False),
+                                                    (32, 1280, 1, True)])
+def test_default_config_pads_17_32_rows_to_32_with_2_splits(rows, k, split, streamed):
     p = _problem(m=rows, k=k)
     cfg = dw.default_config(p)
-    assert (cfg.block_m, cfg.split_k) == (block_m, split)  # 32 rows: at most 1024 K per split (64 KiB)
-    assert block_m * (k // split) * 2 <= dw.STAGED_BYTES
+    assert (cfg.block_m, cfg.block_k, cfg.num_stages, cfg.split_k) == (32, 256, 2, split)
+    # staged whole up to 1024 K per split (64 KiB), streamed past it
+    assert dw.streams_activations(p, cfg) == streamed
     dw.check_config(p, cfg)
-    assert not dw.streams_activations(p, cfg)
     with pytest.raises(ValueError, match="pads the activation rows"):
         dw.check_config(_problem(m=33, k=k), cfg)
 
@@ -169,15 +169,18 @@ def test_weight_streams_through_a_cp_async_ring_into_wgmma_registers(w_kind, x_k
     assert "atom.global.gpu.acq_rel" in ptx or "atom.acq_rel.gpu.global" in ptx
 
 
-@pytest.mark.parametrize("w_kind,x_kind", [("e2m1", "bf16"), ("nvfp4", "bf16"), ("e2m1", "e4m3")])
-def test_streamed_activations_keep_one_wgmma_in_flight(w_kind, x_kind, tmp_path):
-    # 64 rows, the activations through a 2-chunk ring: m64n64k16 wgmmas from registers, left in flight (wait for
-    # one outstanding) across the next chunk's stores, and ptxas neither serializes them nor spills.
+@pytest.mark.parametrize("w_kind,x_kind,rows,chunk", [("e2m1", "bf16", 64, 128), ("nvfp4", "bf16", 64, 128),
+                                                     ("e2m1", "e4m3", 64, 128), ("e2m1", "bf16", 32, 256),
+                                                     ("nvfp4", "nvfp4", 32, 256)])
+def test_streamed_activations_keep_one_wgmma_in_flight(w_kind, x_kind, rows, chunk, tmp_path):
+    # The activations through a 2-chunk ring (the defaults at 32 and 64 rows): m64n{rows}k16 wgmmas from
+    # registers, left in flight (wait for one outstanding) across the next chunk's stores; ptxas neither
+    # serializes them nor spills.
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptx = _compile(w_kind, x_kind, chunk=128, split=2, stages=2, rows=64, stream=True)
-    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\s+\{[^}]*\},\s*\{[^}]*\},\s*%rd", ptx)
-    assert len(wgmmas) == 128 // 16
+    ptx = _compile(w_kind, x_kind, chunk=chunk, split=2, stages=2, rows=rows, stream=True)
+    wgmma = rf"wgmma\.mma_async\.sync\.aligned\.m64n{rows}k16\.f32\.bf16\.bf16\s+\{{[^}}]*\}},\s*\{{[^}}]*\}},\s*%rd"
+    assert len(re.findall(wgmma, ptx)) == chunk // 16
     assert {int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)} == {0, 1}
     path = tmp_path / "k.ptx"
     path.write_text(ptx)

@@ -116,7 +116,7 @@ def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkey
         assert backends.choose("sm_90", a_kind, b_kind).kernel == "hopper_mx"  # batched weight
         assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="upcast").kernel == "upcast"
     # Decode sizes on sm_90, as measured: fp4 weights at 2-16 rows (bf16, MX or nvfp4 activations) take the Gluon
-    # decode kernel (bf16 x fp4 again at 33-64 rows), one row and mxfp8 weights decode.py up to 16 rows; above that
+    # decode kernel (bf16 x fp4 up to 64 rows), one row and mxfp8 weights decode.py up to 16 rows; above that
     # and block FP8 the swapped kernels (the full decode entry stays reachable, opt-in).
     assert [e.opt_in is not None for e in backends.KERNEL_TABLE["sm_90"] if e.module == "decode"] == [
         False, True]
@@ -127,7 +127,7 @@ def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkey
     assert backends.choose("sm_90", "e4m3", "e4m3", rows=16).kernel == "decode"
     assert backends.choose("sm_90", "e4m3", "e4m3", rows=64).kernel == "upcast"
     assert backends.choose("sm_90", "e2m1", "e2m1", rows=64).kernel == "upcast"
-    assert backends.choose("sm_90", "bf16", "nvfp4", rows=32).kernel == "upcast"
+    assert backends.choose("sm_90", "bf16", "nvfp4", rows=32).kernel == "decode_wgmma"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=64).kernel == "decode_wgmma"
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=1).kernel == "decode_fp8"
     assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=65).kernel == "block_fp8"

@@ -3,8 +3,8 @@
 Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-64 activation rows, with bf16 activations or quantized
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
-activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-16 and 33-64, nvfp4 x
-nvfp4 at 2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit
+activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-64, nvfp4 x nvfp4 at
+2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit
 codes double the bytes per element, and their decode keeps the kernel issue-bound).
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
@@ -31,14 +31,15 @@ operand has in registers:
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
   program (`_stage_activations`), by the weight's instructions: the activations are tiny next to the weight,
   but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's
-  activations are staged whole up to `STAGED_BYTES` (16 and 32 rows); at 64 rows they stream through a
-  2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays
+  activations are staged whole up to `STAGED_BYTES`; past it (32 rows from K = 4096, 64 rows) they stream
+  through a 2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays
   in flight (asynchronous wgmma) while they are stored.
-- Grid (cdiv(N, 64), SPLIT_K): about six short programs per SM, each two or more 256-code chunks of its
-  64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
+- Grid (cdiv(N, 64), SPLIT_K): at 16 rows about six short programs per SM, each two or more 256-code
+  chunks of its 64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
   tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and (except at K = 2048)
   128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster (`_TARGET_PROGRAMS`).
-  At 64 rows: 2 splits (1 at K < 4096) of 128-code chunks (`_STREAMED_SPLIT`).
+  At 17-64 rows fewer, longer programs: 2 splits of 256-code chunks at 32 rows, 2 (1 at K < 4096) of
+  128-code chunks at 64 (`_STREAMED_SPLIT`); their split-K partials grow with the rows.
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
 workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
@@ -391,7 +392,9 @@ _MIN_CHUNKS = 2
 # decode_wgmma_rows64_h100_2026-11-24_session29.md): 2 splits of 128-code chunks through a 2-chunk ring beat 1
 # split by 1.03-1.25x and 4 by 1.09-1.14x (7168 x 4096: 23.6 against 25.4 and 26.9 us; 8192 x 8192: 40.2
 # against 48.5 and 43.9), 256-code chunks by 1.01-1.15x, 3 stages by 1.03-1.08x, two warp groups by
-# 1.02-1.24x; at K = 2048 one split beat two (13.5 against 14.8 us).
+# 1.02-1.24x; at K = 2048 one split beat two (13.5 against 14.8 us). At 32 rows (same session, run 5 of that
+# file), 2 splits of 256-code chunks (streamed from K = 4096) beat the staged 4-8 splits by 1.10-1.49x
+# (bf16 x mxfp4 / nvfp4, 7168 x 2048 / 4096, 8192^2, 28672 x 8192: 17.67 against 21.83 us at 7168 x 4096).
 _STREAMED_SPLIT = 2
 _STREAMED_SPLIT_MIN_K = 4096
 
@@ -431,19 +434,25 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """64 weight rows (4 warps) through a 2-chunk ring. At 2-32 rows (padded to 16 or 32): 256-code chunks and
-    the fewest K splits (dividing K's chunks, at most `STAGED_BYTES` of activations per program,
-    `_MIN_CHUNKS` chunks per split where K has them) that give about `_TARGET_PROGRAMS` programs. At 33-64
-    rows (padded to 64, the activations streamed): 128-code chunks and `_STREAMED_SPLIT`. Deterministic
-    split-K."""
+    """64 weight rows (4 warps) through a 2-chunk ring. At 2-16 rows (padded to 16): 256-code chunks and the
+    fewest K splits (dividing K's chunks, at most `STAGED_BYTES` of activations per program, `_MIN_CHUNKS`
+    chunks per split where K has them) that give about `_TARGET_PROGRAMS` programs. At 17-32 rows (padded to
+    32): 256-code chunks and `_STREAMED_SPLIT` splits where K has 2 x `_MIN_CHUNKS` chunks (the activations
+    streamed past `STAGED_BYTES`); at 33-64 (padded to 64, streamed): 128-code chunks, `_STREAMED_SPLIT`
+    from K = 4096. Deterministic split-K."""
     del target
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
-    if block_m == 64:
+    chunk = 256 if p.k % 256 == 0 else 128
+    if block_m == 64:  # 256-code chunks cost registers there (211 per thread, against 146)
         chunk = 128
         split = _STREAMED_SPLIT if p.k >= _STREAMED_SPLIT_MIN_K and p.k % (chunk * _STREAMED_SPLIT) == 0 else 1
         return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
                           split_k=split, kernel="decode_wgmma")
-    chunk = 256 if p.k % 256 == 0 else 128
+    if block_m == 32:
+        chunks = p.k // chunk
+        split = _STREAMED_SPLIT if chunks % _STREAMED_SPLIT == 0 and chunks >= 2 * _MIN_CHUNKS else 1
+        return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
+                          split_k=split, kernel="decode_wgmma")
     n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
     divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and block_m * (p.k // d) * 2 <= STAGED_BYTES]
     # Splits of one chunk measured slower than half as many of two (a program's fixed costs, the activation
