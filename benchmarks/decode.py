@@ -667,8 +667,9 @@ def wgmma_knob_configs(p) -> list[tuple[str, "TileConfig"]]:
     from jax_blockscale._triton import decode_wgmma
 
     base = decode_wgmma.default_config(p)
+    other_chunk = 128 if base.block_k == 256 else 256
     cands = [base.replace(block_k=chunk, num_stages=stages, split_k=max(1, split))
-             for chunk in (base.block_k, 384 - base.block_k) for stages in (base.num_stages, 5 - base.num_stages)
+             for chunk in (base.block_k, other_chunk) for stages in (base.num_stages, 5 - base.num_stages)
              for split in (base.split_k, base.split_k // 2, base.split_k * 2)]
     # two warp groups (128 weight rows per program: the staged activations serve twice the rows)
     cands += [base.replace(num_warps=8, block_n=128, split_k=max(1, split))
@@ -689,8 +690,8 @@ def wgmma_knob_configs(p) -> list[tuple[str, "TileConfig"]]:
 def wgmma_knobs(torch, shapes, rows, pairs, rounds: int = 2):
     """decode_wgmma at its default config and `wgmma_knob_configs`' neighbours, and what dispatch runs there,
     per format pair and row count: every config checked against the reference, then profiled in `rounds`
-    interleaved rounds (XLA bf16 first, then each config once per round, so clock drift hits every row alike); kernel time is the
-    median over rounds (CUPTI), the wall clock per call beside it."""
+    interleaved rounds (XLA bf16 first, then each config once per round, so clock drift hits every row
+    alike); kernel time is the median over rounds (CUPTI), the wall clock per call beside it."""
     import statistics
 
     from jax_blockscale._triton.problem import GemmProblem

@@ -73,8 +73,8 @@ _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", N
 # activations of their scale family (MX activations x mxfp4, nvfp4 x nvfp4), decoded once per program.
 _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 _DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
-# At 33-64 rows (padded to 64): bf16 activations x fp4 weights, 8-bit MX activations x mxfp4.
-_DECODE_WGMMA_ROWS64 = _DECODE_WGMMA_PAIRS | {("e4m3", "e2m1"), ("e5m2", "e2m1")}
+# Quantized activations it takes at 33-64 rows too (padded to 64): 8-bit MX x mxfp4.
+_DECODE_WGMMA_MX8_X = frozenset({("e4m3", "e2m1"), ("e5m2", "e2m1")})
 # What else it takes (decode_wgmma.SUPPORTED): mxfp8 weights, measured slower than decode.py (opt-in below).
 _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
 # bf16 x fp4: H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-
@@ -101,7 +101,8 @@ _DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A
                      "relabelled in both operands) and decoded there, bf16 wgmma, split-K reduced in the same "
                      "kernel; ")
 _DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x at 2-16 rows, 1.2-2.0x XLA's bf16 "
-                          "dot on an H100 (2026-11-23)")
+                          "dot on an H100 (2026-11-23); at 17-64 rows (padded to 32 or 64, 2 K splits, the "
+                          "activations streamed) 1.11-1.80x the upcast path below (2026-11-24)")
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
@@ -139,8 +140,13 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # stay; block FP8 (decode.py 13.5 / 21.1 / 38.2 vs block_fp8's 13.9 / 14.0 / 16.5) takes decode_fp8
         # (session 18, benchmarks/results/decode_fp8_h100_2026-11-23_session18.md); fp6 weights are not measured
         # yet.
+        # bf16 x fp4 at 17-64 rows, against the upcast path that ran there, H100, 2026-11-24, the 5 issue shapes
+        # (benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md), with the activations streamed and
+        # 2 K splits (decode_wgmma.default_config): at 32 rows bf16 x mxfp4 1.55-1.80x, bf16 x nvfp4 1.11-1.34x (the
+        # staged 4-8 splits had run 0.85-1.07x for nvfp4); at 33 / 64 rows bf16 x mxfp4 1.35-1.73x / 1.30-1.42x
+        # (1.23-1.61x / 1.23-1.45x XLA's bf16 dot), bf16 x nvfp4 1.13-1.40x / 1.12-1.19x.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast", _DECODE_WGMMA_WHY + _DECODE_WGMMA_MEASURED,
-                    max_rows=16, min_rows=2, named_configs_only=True),
+                    max_rows=64, min_rows=2, named_configs_only=True),
         # H100, 2026-11-23, kernel time, against decode.py's kernels (benchmarks/results/decode_wgmma_pairs_h100_
         # 2026-11-23_session15.md): at 16 rows 1.45-2.08x (mxfp8 x mxfp4 11.77 / 16.06 / 23.95 us against 17.11 /
         # 30.31 / 49.88 at 7168 x 2048 / 4096 / 7168; mxfp4 x mxfp4 2.0-2.9x; nvfp4 x nvfp4 1.23-1.54x), at 8 rows
@@ -154,32 +160,21 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     _DECODE_WGMMA_WHY + "the quantized activations decoded to bf16 once per program; at 16 rows "
                     "mxfp8 x mxfp4 1.42-1.91x XLA's bf16 dot (decode.py 0.84-1.14x); at 32 rows, with 2 streamed "
                     "splits, 1.22-1.40x the upcast path (nvfp4 x nvfp4 1.30-1.44x) on an H100 (2026-11-24)",
-                    max_rows=32, min_rows=2,
-                    named_configs_only=True),
-        # bf16 x nvfp4 joined at 17-32 rows with session 29's 2 streamed splits (decode_wgmma.default_config):
-        # 1.11-1.34x the upcast path on the 5 issue shapes (H100, 2026-11-24, runs 5-6 of benchmarks/results/
-        # decode_wgmma_rows64_h100_2026-11-24_session29.md; the staged 4-8 splits had run 0.85-1.07x); bf16 x mxfp4
-        # there 1.55-1.80x.
-        KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast",
-                    _DECODE_WGMMA_WHY + "activations padded to 32 rows, 2 K splits (streamed from K = 4096); "
-                    "1.55-1.80x the upcast path below at 32 rows for mxfp4, 1.11-1.34x for nvfp4 (H100, "
-                    "2026-11-24)",
-                    max_rows=32, min_rows=17, named_configs_only=True),
-        # H100, 2026-11-24, kernel time, the 5 issue shapes, against the upcast path that ran here before (session 29:
-        # benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): the activations streamed, 2 K splits
-        # (1 at K = 2048): bf16 x mxfp4 1.35-1.73x at 33 rows, 1.30-1.42x at 64 (1.23-1.61x / 1.23-1.45x XLA's
-        # bf16 dot); bf16 x nvfp4 1.13-1.40x / 1.12-1.19x; mxfp8 x mxfp4 1.18-1.77x / 1.01-1.40x (e5m2 activations
-        # take the same decode, not timed). fp4 activations, decoded again by every program (as much decode
-        # work per program as the weight's), then by fp32 instructions: mxfp4 x mxfp4 0.82-1.14x / 0.67-1.06x,
+                    max_rows=32, min_rows=2, named_configs_only=True),
+        # Quantized activations at 33-64 rows, H100, 2026-11-24, kernel time, the 5 issue shapes, against the upcast
+        # path that ran here before (same results file), the activations streamed, 2 K splits (1 at K = 2048):
+        # mxfp8 x mxfp4 1.18-1.77x at 33 rows, 1.01-1.40x at 64 (e5m2 activations take the same decode, not timed).
+        # fp4 activations, decoded again by every program (as much decode work per program as the weight's), then
+        # by fp32 instructions: mxfp4 x mxfp4 0.82-1.14x / 0.67-1.06x,
         # nvfp4 x nvfp4 0.92-1.20x / 0.81-1.31x. Decoded by the weight's instructions since (same session,
         # second run), at 64 rows mxfp4 x mxfp4 0.84-1.20x and nvfp4 x nvfp4 0.87-1.58x the upcast path (mxfp8 x
         # mxfp4 0.94-1.03x its earlier time; at 16 rows 0.98-1.04x; nvfp4 x nvfp4 at 32 rows 1.06-1.39x):
         # nvfp4 x nvfp4 takes K >= 7168 below (1.00-1.58x there, 0.87-0.97x at K = 2048 / 4096), mxfp4 x mxfp4
         # keeps upcast (0.96x at 8192^2).
-        KernelEntry("decode_wgmma", _DECODE_WGMMA_ROWS64, "upcast",
-                    _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed through a 2-chunk ring beside "
-                    "the weight's, 2 K splits; 1.30-1.73x the upcast path below for bf16 x mxfp4, 1.12-1.40x for "
-                    "bf16 x nvfp4, 1.01-1.77x for mxfp8 x mxfp4 at 33 and 64 rows (H100, 2026-11-24)",
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_MX8_X, "upcast",
+                    _DECODE_WGMMA_WHY + "8-bit MX activations decoded once per program, padded to 64 rows and "
+                    "streamed through a 2-chunk ring beside the weight's, 2 K splits; 1.01-1.77x the upcast path "
+                    "below at 33 and 64 rows (H100, 2026-11-24)",
                     max_rows=64, min_rows=33, named_configs_only=True),
         KernelEntry("decode_wgmma", frozenset({(NVFP4, NVFP4)}), "upcast",
                     _DECODE_WGMMA_WHY + "activations padded to 64 rows and streamed, decoded by the weight's "

@@ -32,14 +32,14 @@ operand has in registers:
   program (`_stage_activations`), by the weight's instructions: the activations are tiny next to the weight,
   but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's
   activations are staged whole up to `STAGED_BYTES`; past it (32 rows from K = 4096, 64 rows) they stream
-  through a 2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA, which stays
-  in flight (asynchronous wgmma) while they are stored.
+  through a 2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA,
+  which stays in flight (asynchronous wgmma) while they are stored.
 - Grid (cdiv(N, 64), SPLIT_K): at 16 rows about six short programs per SM, each two or more 256-code
-  chunks of its 64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles with the next
-  tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and (except at K = 2048)
-  128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster (`_TARGET_PROGRAMS`).
-  At 17-64 rows fewer, longer programs: 2 splits of 256-code chunks at 32 rows, 2 (1 at K < 4096) of
-  128-code chunks at 64 (`_STREAMED_SPLIT`); their split-K partials grow with the rows.
+  chunks of its 64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles
+  with the next tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and
+  (except at K = 2048) 128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster
+  there (`_TARGET_PROGRAMS`). At 17-64 rows fewer, longer programs: 2 splits of 256-code chunks at 32 rows,
+  2 (1 at K < 4096) of 128-code chunks at 64 (`_STREAMED`); their split-K partials grow with the rows.
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
 workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
@@ -396,7 +396,9 @@ _MIN_CHUNKS = 2
 # file), 2 splits of 256-code chunks (streamed from K = 4096) beat the staged 4-8 splits by 1.10-1.49x
 # (bf16 x mxfp4 / nvfp4, 7168 x 2048 / 4096, 8192^2, 28672 x 8192: 17.67 against 21.83 us at 7168 x 4096).
 _STREAMED_SPLIT = 2
-_STREAMED_SPLIT_MIN_K = 4096
+# Per padded row count: the largest chunk (at 64 rows 256-code chunks cost registers: 211 per thread against
+# 146) and the least K for `_STREAMED_SPLIT` splits (at 32 rows 2 x `_MIN_CHUNKS` chunks of 256).
+_STREAMED = {32: (256, 2 * _MIN_CHUNKS * 256), 64: (128, 4096)}
 
 
 def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
@@ -437,20 +439,15 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     """64 weight rows (4 warps) through a 2-chunk ring. At 2-16 rows (padded to 16): 256-code chunks and the
     fewest K splits (dividing K's chunks, at most `STAGED_BYTES` of activations per program, `_MIN_CHUNKS`
     chunks per split where K has them) that give about `_TARGET_PROGRAMS` programs. At 17-32 rows (padded to
-    32): 256-code chunks and `_STREAMED_SPLIT` splits where K has 2 x `_MIN_CHUNKS` chunks (the activations
-    streamed past `STAGED_BYTES`); at 33-64 (padded to 64, streamed): 128-code chunks, `_STREAMED_SPLIT`
-    from K = 4096. Deterministic split-K."""
+    32) and 33-64 (padded to 64): `_STREAMED_SPLIT` splits from the K `_STREAMED` gives, else one (the
+    activations streamed past `STAGED_BYTES`), 256- and 128-code chunks. Deterministic split-K."""
     del target
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
     chunk = 256 if p.k % 256 == 0 else 128
-    if block_m == 64:  # 256-code chunks cost registers there (211 per thread, against 146)
-        chunk = 128
-        split = _STREAMED_SPLIT if p.k >= _STREAMED_SPLIT_MIN_K and p.k % (chunk * _STREAMED_SPLIT) == 0 else 1
-        return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
-                          split_k=split, kernel="decode_wgmma")
-    if block_m == 32:
-        chunks = p.k // chunk
-        split = _STREAMED_SPLIT if chunks % _STREAMED_SPLIT == 0 and chunks >= 2 * _MIN_CHUNKS else 1
+    if block_m in _STREAMED:
+        largest_chunk, min_k = _STREAMED[block_m]
+        chunk = min(chunk, largest_chunk)
+        split = _STREAMED_SPLIT if p.k >= min_k and p.k % (chunk * _STREAMED_SPLIT) == 0 else 1
         return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
                           split_k=split, kernel="decode_wgmma")
     n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
