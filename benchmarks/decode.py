@@ -663,7 +663,7 @@ def wgmma_knob_configs(p) -> list[tuple[str, "TileConfig"]]:
     """decode_wgmma's default config for `p` (first) and its neighbours: the other ring depth (2 / 3
     stages), half and twice the K splits, the other chunk (128 / 256 codes), two warp groups (128 weight
     rows) at the default and half the splits; only those `check_config` accepts. What `default_config`'s
-    stages and split rules were chosen from (sessions 16 and 29)."""
+    stages and split rules were chosen from (sessions 16, 29 and 30)."""
     from jax_blockscale._triton import decode_wgmma
 
     base = decode_wgmma.default_config(p)

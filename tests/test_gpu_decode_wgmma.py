@@ -199,3 +199,18 @@ def test_special_activations_match_the_reference(fa, fb, m):
     for row in range(m):  # per row: the tiny row's scale is ~1e-30 of the others'
         f = fin[row]
         np.testing.assert_allclose(out[row, f], ref[row, f], rtol=1e-5, atol=1e-6 * np.abs(ref[row, f]).max(initial=0))
+
+
+@pytest.mark.parametrize("m", [5, 40])  # 16 padded rows (2 streamed splits) and 64
+def test_nvfp4_every_scale_code_and_code_pair(m):
+    """nvfp4 weights decode with the e2m1 bias folded into the e4m3 scale (one bf16 multiply per pair, the
+    values 2**-8 times the true ones, the fp32 sums 2**8 times): every positive finite e4m3 scale code, from
+    the subnormal 2**-9 to 448, against every byte of codes (both nibbles), matches the reference."""
+    n, k = 256, 4096
+    rng = np.random.default_rng(11)
+    a, b = _operands("nvfp4", m, n, k, seed=11)
+    codes = jnp.asarray(rng.permutation(np.arange(n * k // 2) % 256).astype(np.uint8).reshape(n, k // 2))
+    raw = jnp.asarray((np.arange(n * k // 16) % 0x7F).astype(np.uint8).reshape(n, k // 16))
+    b = dataclasses.replace(b, values=codes, scales=jax.lax.bitcast_convert_type(raw, jnp.float8_e4m3fn))
+    assert b.scales.dtype == jnp.float8_e4m3fn
+    _check(a, b)

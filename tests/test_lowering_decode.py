@@ -160,6 +160,33 @@ def test_ptx_fp4_decode_gives_each_element_of_a_pack_its_own_scale():
     _assert_decoded(packed, scales.astype(np.float32))
 
 
+def test_ptx_fp4_folded_decode_is_one_multiply_by_the_folded_scale():
+    """decode_wgmma's nvfp4 decode (decode._fp4_pair_ptx(folded=True)): the e2m1 bias 2**126 folded into the
+    operand, one bf16 multiply per pair. With every positive finite e4m3 scale times 2**(126 - 8), each
+    element is bit-exact 2**-8 times code x scale (decode_wgmma multiplies its fp32 sums by 2**8)."""
+    from jax_blockscale._triton import decode_wgmma
+
+    ptx = decode._fp4_pair_ptx(folded=True)
+    assert ptx.count("fma.rn.bf16x2") == 4  # one per pair of elements (the unfolded decode: 8)
+    rng = np.random.default_rng(2)
+    packed = np.concatenate([np.arange(256, dtype=np.uint8)[np.arange(508) % 256].reshape(127, 4),
+                             rng.integers(0, 256, (127, 4), dtype=np.uint8)])
+    codes = (np.arange(packed.size) % 0x7F).astype(np.uint8).reshape(packed.shape)  # 0 .. 0x7E: all finite
+    scale = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    shift = decode_wgmma.NVFP4_FOLD_LOG2.value
+    folded = (scale * np.float32(2.0 ** (126 - shift))).astype(ml_dtypes.bfloat16)
+    regs = [packed.copy().view(np.uint32)[:, 0], folded[:, :2].copy().view(np.uint32)[:, 0],
+            folded[:, 2:].copy().view(np.uint32)[:, 0]]
+    out = run_ptx(ptx, 4, regs)
+    lo = np.stack(out[:2], 1).view(ml_dtypes.bfloat16).astype(np.float32)
+    hi = np.stack(out[2:], 1).view(ml_dtypes.bfloat16).astype(np.float32)
+    for got, nibbles in ((lo, packed & 15), (hi, packed >> 4)):
+        want = _E2M1[nibbles] * scale * np.float32(2.0 ** -shift)  # exact in float32 and in bf16
+        assert np.array_equal(want.astype(ml_dtypes.bfloat16).astype(np.float32), want)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # cross-compilation
 

@@ -86,29 +86,25 @@ def test_a_callers_own_config_skips_it():
     assert backends.choose("sm_90", "bf16", "e2m1", rows=16, n=7168, k=4096, configured=True).kernel == "decode"
 
 
-@pytest.mark.parametrize("n,k,split", [(7168, 4096, 8), (7168, 7168, 7), (7168, 2048, 4), (28672, 8192, 4),
-                                       (8192, 8192, 8), (64, 256, 1), (64, 512, 1)])
-def test_default_config(n, k, split):
-    cfg = dw.default_config(_problem(n=n, k=k))
-    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.kernel) == (16, 64, 256, 4, "decode_wgmma")
-    assert cfg.split_k == split and not cfg.atomic_split_k
-    assert cfg.num_stages == 2
-    assert k // (cfg.block_k * cfg.split_k) >= min(2, k // cfg.block_k)  # two chunks per split where K has them
-    dw.check_config(_problem(n=n, k=k), cfg)
-
-
-@pytest.mark.parametrize("rows,k,split,streamed", [(17, 4096, 2, True), (32, 4096, 2, True), (32, 2048, 2, False),
-                                                    (32, 8192, 2, True), (32, 1024, 2, False), (32, 512, 1, False),
-                                                    (32, 1280, 1, True)])
-def test_default_config_pads_17_32_rows_to_32_with_2_splits(rows, k, split, streamed):
-    p = _problem(m=rows, k=k)
+@pytest.mark.parametrize("rows,n,k,split,streamed", [
+    (16, 7168, 4096, 2, True), (2, 7168, 7168, 2, True), (16, 7168, 2048, 2, True), (9, 28672, 8192, 2, True),
+    (16, 8192, 8192, 2, True), (16, 1000, 1024, 2, False), (16, 64, 256, 1, False), (16, 64, 512, 1, False),
+    (16, 100, 768, 1, True),
+    (17, 7168, 4096, 2, True), (32, 7168, 4096, 2, True), (32, 7168, 2048, 2, False), (32, 7168, 8192, 2, True),
+    (32, 7168, 1024, 2, False), (32, 7168, 512, 1, False), (32, 7168, 1280, 1, True),
+])
+def test_default_config_2_splits_of_256_codes_at_2_32_rows(rows, n, k, split, streamed):
+    p = _problem(m=rows, n=n, k=k)
     cfg = dw.default_config(p)
-    assert (cfg.block_m, cfg.block_k, cfg.num_stages, cfg.split_k) == (32, 256, 2, split)
-    # staged whole up to 1024 K per split (64 KiB), streamed past it
+    block_m = 16 if rows <= 16 else 32
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.kernel) == (block_m, 64, 256, 4, "decode_wgmma")
+    assert cfg.split_k == split and cfg.num_stages == 2 and not cfg.atomic_split_k
+    assert k // (cfg.block_k * cfg.split_k) >= min(2, k // cfg.block_k)  # two chunks per split where K has them
+    # staged whole up to 2 chunks (16 KiB) at 16 rows and 4 (64 KiB) at 32, streamed past it
     assert dw.streams_activations(p, cfg) == streamed
     dw.check_config(p, cfg)
     with pytest.raises(ValueError, match="pads the activation rows"):
-        dw.check_config(_problem(m=33, k=k), cfg)
+        dw.check_config(_problem(m=block_m + 1, n=n, k=k), cfg)
 
 
 @pytest.mark.parametrize("rows,n,k,split", [(33, 7168, 4096, 2), (64, 7168, 4096, 2), (64, 7168, 2048, 1),
@@ -118,7 +114,7 @@ def test_default_config_streams_the_activations_at_64_rows(rows, n, k, split):
     cfg = dw.default_config(p)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) == (64, 64, 128, 4, 2)
     assert cfg.split_k == split and not cfg.atomic_split_k
-    assert dw.streams_activations(p, cfg)  # 64 rows x K / split x 2 bytes: over STAGED_BYTES
+    assert dw.streams_activations(p, cfg)  # 64 rows x K / split x 2 bytes: over STAGED_BYTES[64]
     dw.check_config(p, cfg)
     # a split too large to stage is streamed, not refused
     assert dw.streams_activations(p, cfg.replace(split_k=1))
@@ -142,14 +138,14 @@ _PTR = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "e5m2": "*fp8e5", "e2m1": "*u8", "n
 
 
 def _compile(w_kind, x_kind="bf16", chunk=256, warps=4, split=8, atomic=False, k=4096, stages=3, rows=16,
-             stream=False):
+             stream=False, cubin=False):
     sig = dict(w_ptr=_PTR[w_kind], s_ptr="*fp8e4nv" if w_kind == "nvfp4" else "*u8", x_ptr=_PTR[x_kind],
                xs_ptr={"bf16": "*bf16", "nvfp4": "*fp8e4nv"}.get(x_kind, "*u8"), a_ts_ptr="*fp32", b_ts_ptr="*fp32",
                out_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32")
     return compile_kernel(dw.decode_wgmma_kernel, target="sm_90", signature=sig, num_warps=warps, num_stages=1,
                           constexprs=dict(M=rows, N=7168, K=k, BM=rows, W_KIND=w_kind, X_KIND=x_kind, CHUNK=chunk,
                                           SPLIT_K=split, STAGES=stages, ATOMIC=atomic, WIDE=False,
-                                          STREAM_X=stream)).asm["ptx"]
+                                          STREAM_X=stream)).asm["cubin" if cubin else "ptx"]
 
 
 @pytest.mark.parametrize("w_kind,x_kind,chunk,warps", [
@@ -188,6 +184,22 @@ def test_streamed_activations_keep_one_wgmma_in_flight(w_kind, x_kind, rows, chu
                             capture_output=True, text=True, check=True).stderr
     assert "C7514" not in report and "C7515" not in report  # no wgmma serialized
     assert "0 bytes spill stores, 0 bytes spill loads" in report
+
+
+@pytest.mark.parametrize("w_kind,multiplies", [("e2m1", 2), ("nvfp4", 1)])
+def test_fp4_pairs_reach_wgmma_without_repacking(w_kind, multiplies):
+    # The PTX decode yields bf16 pairs of the low (or high) nibbles of two adjacent bytes; `_slots(NIBBLES)`
+    # relabels K so that such a pair is one A-fragment register: the K loop (one 256-code chunk, 128 codes
+    # per thread) has one PRMT per 8 codes (the decode's byte permute), not 5 (one re-pairing per 2 codes),
+    # and 1 (nvfp4: the bias folded into the scale) or 2 (mxfp4) bf16x2 multiplies per pair.
+    from benchmarks._sass import disassemble
+    from benchmarks.sass_count import _LINE, largest_loop
+
+    cubin = _compile(w_kind, split=8, stages=2, cubin=True)
+    ops = [_LINE.match(x).group(2).split(".")[0] for x in largest_loop(disassemble(cubin).splitlines())]
+    assert ops.count("HGMMA") == 256 // 16
+    assert ops.count("PRMT") <= 128 // 8 + 4, ops.count("PRMT")  # + the scales' pairs
+    assert multiplies * 64 <= ops.count("HMUL2") <= multiplies * 64 + 8, ops.count("HMUL2")
 
 
 @pytest.mark.parametrize("w_kind,cvt", [("e4m3", "cvt.rn.f16x2.e4m3x2"), ("e5m2", "cvt.rn.f16x2.e5m2x2")])

@@ -82,7 +82,7 @@ _BF16X2_2_126 = "0x7E807E80"
 _BF16X2_NEG0 = "0x80008000"
 
 
-def _fp4_pair_ptx(scaled: bool = True) -> str:
+def _fp4_pair_ptx(scaled: bool = True, folded: bool = False) -> str:
     """PTX for `tl.inline_asm_elementwise(pack=4)`: 4 packed e2m1 bytes in $4 and their 4 bf16 scales in
     $5 (bytes 0, 1) and $6 (bytes 2, 3) -> the 4 low-nibble elements as bf16 in $0,$1 and the 4 high-nibble
     elements in $2,$3.
@@ -104,13 +104,17 @@ def _fp4_pair_ptx(scaled: bool = True) -> str:
 
     scaled=False (the GEMV variant, which scales each group's dot product instead): $4 only, no scale
     multiply; the outputs are e2m1's exact values.
+
+    folded=True (decode_wgmma): one multiply per pair, by $5 / $6 already holding 2**126 times the scale
+    (the caller's job to keep that in bf16's range), instead of the two.
     """
     def pair(dst: str, shift: int, scale: str) -> str:
         src = "q" if shift == 0 else "t"
         return (("" if shift == 0 else f"shl.b32 t, q, {shift};\n")
                 + f"and.b32 a, {src}, 0x70007000;\n shr.b32 a, a, 6;\n"
                 f"and.b32 b, {src}, 0x80008000;\n or.b32 a, a, b;\n"
-                + (f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
+                + (f"fma.rn.bf16x2 {dst}, a, {scale}, z;\n" if folded
+                   else f"fma.rn.bf16x2 a, a, k, z;\nfma.rn.bf16x2 {dst}, a, {scale}, z;\n" if scaled
                    else f"fma.rn.bf16x2 {dst}, a, k, z;\n"))
     # bf16x2 fma takes no immediates: the constants go through registers.
     return ("{\n.reg .b32 q, t, a, b, k, z;\n"
@@ -160,6 +164,7 @@ _FP4_PTX = tl.constexpr(_fp4_pair_ptx())
 _FP4_F32_PTX = tl.constexpr(_fp4_f32_ptx())
 _FP4_F32_UNSCALE = tl.constexpr(64.0)  # 2**6: what _fp4_f32_ptx's elements lack
 _FP4_PTX_UNSCALED = tl.constexpr(_fp4_pair_ptx(scaled=False))
+_FP4_FOLDED_PTX = tl.constexpr(_fp4_pair_ptx(folded=True))
 
 
 @triton.jit

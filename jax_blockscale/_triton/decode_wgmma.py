@@ -20,26 +20,27 @@ operand has in registers:
   thread t of a row quad the t-th 16 bytes of every 64-byte piece of the row (32 consecutive fp4 codes):
   one 16-byte shared-memory load per piece lands exactly in its A fragment, with no ldmatrix and no
   shuffle (the layout conversion compiles to nothing; a CPU test checks the instructions). The activations
-  take the same relabelling once per program, on their way into shared memory.
+  take the same relabelling on their way into shared memory. fp4 at 16 rows: the relabelling also pairs
+  the two low (or high) nibbles of adjacent bytes in a slot pair, as the decode produces them, so no
+  weight register is re-paired (`_slots(NIBBLES)`; the activations, a quarter as many, are instead).
 - The weight streams through a ring of `STAGES` chunks in shared memory filled by cp.async (16 bytes per
   thread and row piece; 4-byte copies for the scales), one commit group per chunk.
-- fp4 codes become bf16 by bit placement (`decode._fp4_pair_ptx`), two exact bf16 multiplies per pair (the
-  e2m1 bias, then the group's scale: e8m0 for mxfp4, e4m3 for nvfp4, whose tensor scales multiply the
-  fp32 result). 8-bit codes: the hardware's exact conversion to f16x2, widened to bf16, one bf16 multiply
-  by the scale (`_fp8_quad_ptx`). 16-byte vectors hold 32 fp4 or 16 8-bit codes; `_slots` relabels K for
-  either.
+- fp4 codes become bf16 by bit placement (`decode._fp4_pair_ptx`), then exact bf16 multiplies: mxfp4 two
+  per pair (the e2m1 bias 2**126, then the e8m0 scale: their product leaves bf16's range past 2**1); nvfp4
+  one, by the e4m3 scale times 2**(126 - NVFP4_FOLD_LOG2), which bf16 always holds, the fp32 sums then
+  times 2**NVFP4_FOLD_LOG2 (and the tensor scales). 8-bit codes: the hardware's exact conversion to
+  f16x2, widened to bf16, one bf16 multiply by the scale (`_fp8_quad_ptx`). 16-byte vectors hold 32 fp4 or
+  16 8-bit codes; `_slots` relabels K for either.
 - Quantized activations are decoded with their scales while they are staged into shared memory, once per
   program (`_stage_activations`), by the weight's instructions: the activations are tiny next to the weight,
   but every program decodes them again (at 64 rows as many codes per program as the weight's). A split's
-  activations are staged whole up to `STAGED_BYTES`; past it (32 rows from K = 4096, 64 rows) they stream
-  through a 2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued before chunk i's MMA,
-  which stays in flight (asynchronous wgmma) while they are stored.
-- Grid (cdiv(N, 64), SPLIT_K): at 16 rows about six short programs per SM, each two or more 256-code
-  chunks of its 64 rows through a 2-chunk ring (`default_config`). Programs looping over several N tiles
-  with the next tile's chunks in flight measured slower, as did one chunk per program, 3-4 stages and
-  (except at K = 2048) 128-code chunks; a wgmma kept in flight across the next chunk's decode was no faster
-  there (`_TARGET_PROGRAMS`). At 17-64 rows fewer, longer programs: 2 splits of 256-code chunks at 32 rows,
-  2 (1 at K < 4096) of 128-code chunks at 64 (`_STREAMED`); their split-K partials grow with the rows.
+  activations are staged whole up to `STAGED_BYTES` (two chunks at 16 rows, K = 1024 at 32, 512 at 64);
+  past it they stream through a 2-chunk ring beside the weight's (STREAM_X): chunk i + 1's loads issued
+  before chunk i's MMA, which stays in flight (asynchronous wgmma) while they are stored.
+- Grid (cdiv(N, 64), SPLIT_K), `default_config`: few, long programs, 2 K splits (from K = 1024 at 2-32 rows,
+  4096 at 64) of 256-code chunks (128 at 64 rows) through a 2-chunk ring, the activations streamed. At 16
+  rows this replaced ~6 short programs per SM of 2 staged chunks each (1.08-1.49x faster, session 30);
+  deeper rings, 1 or 4 splits and two warp groups measured slower (`_SPLIT`).
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
 workspace, bumps a per-tile counter (acq_rel), and the program that arrives last sums the partials in split
@@ -47,15 +48,17 @@ order and writes the output. `atomic_split_k`: fp32 atomics into a zeroed accumu
 last program casts (not bitwise reproducible). Counters and the atomic accumulator are zeroed by the
 custom call (a memset beside the kernel, no XLA kernel).
 
-What bounds it (H100, Nsight Compute, 7168 x 4096, 16 rows): issue, not DRAM. DRAM runs at 23% of peak;
-each scheduler issues 0.41 instructions per cycle with 3.3 warps resident (registers cap a program at 4
-per SM), and a program's decode (~4 instructions per weight element), its activation staging and its
-split-K epilogue (stores, then the counter's round trip) are one dependent chain. The kernel reads the
-weight at 35-57% of a same-size read; the targets of issue #12 (75%) need fewer instructions per element
-or a layout prepared at quantization time. At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a
-same-size read): every program re-reads all 64 activation rows of its split from L2 for its 64 weight rows,
-4 bytes of activations per weight byte (58.7 MB at 7168 x 4096 against a 15.6 MB weight), besides the
-wgmma work itself (3.8 GFLOP, ~4 us at the H100's dense bf16 peak).
+What bounds it (H100, Nsight Compute, 7168 x 4096, 16 rows, session 30): latency, not DRAM or issue. The
+224 programs leave 1.7 warps per scheduler (117 registers; 0.42 waves), each issuing once per 3.8 cycles:
+0.45 instructions per cycle and scheduler, DRAM at 30% of peak. With the decode's instructions removed
+altogether (a control run, wrong results, the staged configuration of session 16) the kernel ran only
+1.03-1.19x faster, so fewer instructions per element cannot reach issue #12's 75% of a same-size read (the
+kernel: 46-71%); more bytes in flight per SM could, which deeper rings and more splits did not give.
+
+At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a same-size read): every program re-reads
+all 64 activation rows of its split from L2 for its 64 weight rows, 4 bytes of activations per weight byte
+(58.7 MB at 7168 x 4096 against a 15.6 MB weight), besides the wgmma work itself (3.8 GFLOP, ~4 us at the
+H100's dense bf16 peak).
 
 Hopper only: wgmma is sm_90a's instruction (sm_100 keeps decode.py, whose Triton source lowers to tcgen05).
 Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_wgmma.py checks results on the GPU
@@ -74,7 +77,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
-from .decode import _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
+from .decode import _FP4_FOLDED_PTX, _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
 from .problem import NVFP4, GemmProblem, TileConfig
 
 # Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
@@ -148,31 +151,49 @@ def _bytes_layout(num_warps, chunk_bytes, tiles=1):
 
 
 @gluon.jit
-def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr):
+def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr, NIBBLES: gl.constexpr = False):
     """(R, CHUNK) in true K order -> (R, CHUNK) in wgmma slot order, for V codes per 16-byte vector (32 fp4,
     16 8-bit): quarter t of each 4V-code piece h (k = 4V h + V t + 4 j + 2 eh + el) becomes slots
     {2t, 2t + 1, 2t + 8, 2t + 9} of k16 step (V / 4) h + j. Reshapes and a permute only: with the layouts
-    above, no data moves."""
+    above, no data moves. NIBBLES (fp4 weights, 16 rows): eh and el trade places (slots 2t + eh + 8 el), so
+    that a slot pair holds codes 4j and 4j + 2 (the low nibbles of bytes 2j, 2j + 1), as the PTX decode pairs
+    them: the weight's registers need no re-pairing, the activations' do (2 byte permutes per 4 values)."""
     v = gl.reshape(v, [R, CHUNK // (4 * V), 4, V // 4, 2, 2])
-    v = gl.permute(v, [0, 1, 3, 4, 2, 5])       # (h, j, eh, t, el)
-    return gl.reshape(v, [R, CHUNK])            # slot = 16 ((V / 4) h + j) + 8 eh + 2 t + el
+    if NIBBLES:
+        v = gl.permute(v, [0, 1, 3, 5, 2, 4])   # (h, j, el, t, eh)
+    else:
+        v = gl.permute(v, [0, 1, 3, 4, 2, 5])   # (h, j, eh, t, el)
+    return gl.reshape(v, [R, CHUNK])            # slot = 16 ((V / 4) h + j) + 8 eh + 2 t + el (NIBBLES: swapped)
+
+
+# nvfp4 weights: the e2m1 bias 2**126 times the e4m3 scale (at most 448 < 2**9) overflows bf16, 2**(126 -
+# NVFP4_FOLD_LOG2) times it does not, and code x scale x 2**-8 (>= 2**-18) stays exact: one bf16 multiply per
+# pair instead of two; the kernel multiplies its fp32 sums by 2**NVFP4_FOLD_LOG2 (exact: a power of two) instead.
+# H100, 16 rows, bf16 x nvfp4: with the re-pairing (`_slots`) 1.03-1.06x; 32 rows 0.98-0.99x, 64 rows 1.01-1.02x
+# (session 30). mxfp4 keeps two: 2**126 times an e8m0 scale leaves bf16 past 2**1.
+NVFP4_FOLD_LOG2 = gl.constexpr(8)
 
 
 @gluon.jit
 def _decode(packed, raw_s, W_KIND: gl.constexpr):
     """Weight bytes (R, groups, bytes) and their raw scales (R, groups) -> the codes' scaled values in bf16:
     fp4 (R, groups, bytes, 2), the even code (the low nibble) first; 8-bit codes (R, groups, bytes). Either
-    is (R, CHUNK) in K order once reshaped. Exact (module docstring)."""
+    is (R, CHUNK) in K order once reshaped. Exact (module docstring); nvfp4's values come out
+    2**-NVFP4_FOLD_LOG2 times the true ones (the kernel scales its fp32 sums back)."""
     if W_KIND == "nvfp4":
-        s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
-    else:
-        s = e8m0_to_bf16(raw_s)
-    s = gl.broadcast(s[:, :, None], packed)[0]
-    if W_KIND == "e2m1" or W_KIND == "nvfp4":
-        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
+        # exact: e4m3 is a subset of bf16, and a power of two times it stays a bf16 normal (<= 448 * 2**118)
+        s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * 2.0 ** (126 - NVFP4_FOLD_LOG2)
+        s = gl.broadcast(s[:, :, None], packed)[0]
+        lo, hi = gl.inline_asm_elementwise(_FP4_FOLDED_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
                                            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
         w = gl.join(lo, hi)  # (R, groups, bytes, 2): the even code is the low nibble
+    elif W_KIND == "e2m1":
+        s = gl.broadcast(e8m0_to_bf16(raw_s)[:, :, None], packed)[0]
+        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+        w = gl.join(lo, hi)
     else:  # e4m3 / e5m2: hardware conversion to f16x2, widened to bf16, then one exact bf16 multiply
+        s = gl.broadcast(e8m0_to_bf16(raw_s)[:, :, None], packed)[0]
         ptx: gl.constexpr = _E4M3_PTX if W_KIND == "e4m3" else _E5M2_PTX
         w = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [packed.to(gl.uint8, bitcast=True), s],
                                       dtype=gl.bfloat16, is_pure=True, pack=4)
@@ -297,6 +318,11 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     EPB: gl.constexpr = 2 if FP4 else 1           # codes per weight byte
     GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
     CB: gl.constexpr = CHUNK // EPB               # bytes of a weight row per chunk
+    # fp4 at 16 rows: K relabelled so that the decode's bf16 pairs are A-fragment registers as they come (no
+    # re-pairing of the weight; the activations, a quarter as many elements, take it instead). H100, bf16 x
+    # mxfp4 at the 16-row default: 1.03-1.07x; at 32 and 64 rows, where the activations are half as many and
+    # as many as the weight's elements, 0.94-0.97x (session 30, the results file named at `STAGED_BYTES`).
+    NIBBLES: gl.constexpr = FP4 and BM == 16
     L3: gl.constexpr = _weight_layout(W, CB, GROUP // EPB)
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -326,12 +352,12 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     if STREAM_X:
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, CHUNK], XS)
         xv = _stage_activations(x_ptr, xs_ptr, k_begin, M, K, BM, CHUNK, X_KIND, XL)
-        x_smem.index(0).store(_slots(xv, BM, CHUNK, 16 * EPB))
+        x_smem.index(0).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
     else:
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
         for c in gl.static_range(NC):
             xv = _stage_activations(x_ptr, xs_ptr, k_begin + c * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
-            x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB))
+            x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
     fence_async_shared()
 
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
@@ -349,20 +375,22 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
         packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
         raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
         w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
-        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB), A_OP)  # the layouts agree: no data moves
+        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB, NIBBLES), A_OP)  # the layouts agree: no data moves
         if STREAM_X:
             # In flight while the next chunk's activations are stored and its weight decoded (at 64 rows 0.5-7%
             # faster than a synchronous wgmma with bf16 activations, within 1% with quantized ones); waiting for
             # one outstanding retires chunk i - 1's, the last reader of the slot stored next.
             acc = warpgroup_mma(a, x_smem.index(i % 2).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))[0]
-            x_smem.index((i + 1) % 2).store(_slots(xv, BM, CHUNK, 16 * EPB))
+            x_smem.index((i + 1) % 2).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
             fence_async_shared()
         else:
             acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
     if STREAM_X:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
+    if W_KIND == "nvfp4":
+        acc = acc * (2.0 ** NVFP4_FOLD_LOG2)  # exact: what `_decode`'s folded scales left out
     split_k_epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
 
 
@@ -370,35 +398,37 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
 # Host side.
 
 CHUNKS = (128, 256)  # K codes per step: 64 or 128 bytes of each weight row (16 or 32 per thread), both GPU-tested
-# A program stages its split's activations in shared memory: block_m x K / split_k x 2 bytes, at most 64 KiB
-# (K / split_k <= 2048 at 16 rows, 1024 at 32); past that it streams them (`streams_activations`).
-STAGED_BYTES = 64 * 1024
+# Per padded row count, the most bytes of activations (block_m x K / split_k x 2) a program stages whole in
+# shared memory before its first MMA; past it they stream through a 2-chunk ring (`streams_activations`).
+# H100, kernel time, 2026-11-24 (benchmarks/results/decode_wgmma_rows16_h100_2026-11-24_session30.md): at 16
+# rows, 2 splits streamed beat the same splits staged (64 KiB) by 1.04-1.07x (bf16 x mxfp4, 7168 x 2048 /
+# 4096) and 4 by 1.07x (bf16 x nvfp4, 7168 x 4096), so 16 rows stage at most two 256-code chunks; at 32 rows
+# 2 splits of K = 2048 staged (64 KiB) beat streamed by 1.01-1.03x; at 64 rows staging forced 8-16 splits,
+# 1.2-2.1x slower than the upcast path (session 12).
+STAGED_BYTES = {16: 16 * 1024, 32: 64 * 1024, 64: 64 * 1024}
 MAX_STAGES = 8
 # The weight ring beside the staged activations (the H100 gives a program up to 227 KiB): 8 x 16 KiB at 128
 # rows of 256 fp4 codes, or 4 stages of 256 8-bit codes there.
 RING_BYTES = 128 * 1024
-# Programs to aim for (~6 per SM), each with >= 2 chunks of its split, and a 2-chunk ring. H100, kernel time,
-# 16 rows, bf16 / mxfp8 x mxfp4 and nvfp4 x nvfp4, 2026-11-23 (session 16, interleaved rounds,
-# benchmarks/results/decode_wgmma_tuning_h100_2026-11-23_session16.md): 2 stages beat 3 by 7-11% at 7168 x 4096,
-# 7168 x 7168 and 8192 x 8192 (bf16 x mxfp4 14.77 against 15.87 us at 7168 x 4096) and lost 1-2.5% at
-# 28672 x 8192; a split with one chunk per program ran 16% slower than half as many splits of two (7168 x
-# 2048: 11.30 against 9.54 us); 7 splits of 4 chunks beat 14 of 2 at 7168 x 7168 (21.06 against 21.61 us), 8
-# of 4 beat 4 of 8 at 8192 x 8192 (26.83 against 28.20). Session 12 (3 stages, 7168 x 4096): programs looping
-# over 2-7 N tiles ran 14.0-17.9 / 16.0-31.7 us at 1 / 16 rows against 12.7 / 15.6 for one tile each.
-_TARGET_PROGRAMS = 768
+# `_SPLIT` K splits of the largest chunk through a 2-chunk ring, from the K that gives each split `_MIN_CHUNKS`
+# chunks or more (else one split): few, long programs, the activations streamed. H100, kernel time, bf16 x
+# fp4, interleaved rounds:
+# - 16 rows, 2026-11-24 (session 30, benchmarks/results/decode_wgmma_rows16_h100_2026-11-24_session30.md): 2
+#   streamed splits ran 1.08-1.49x faster than session 16's ~768 programs of 2 staged chunks each (7168 x 4096
+#   bf16 x mxfp4: 13.20 against 14.34 us; 28672 x 8192: 60.58 against 89.08), 1 split 0.66-1.27x, 4 splits
+#   0.91-1.08x against 2 (bf16 x nvfp4: 1.05x at 8192^2, 0.90x at 7168 x 2048), 3-4 stages 0.87-0.97x, two
+#   warp groups 0.76-0.90x. Quantized activations: mxfp8 x mxfp4 1.00-1.09x, nvfp4 x nvfp4 0.97-1.05x.
+# - 32 rows (session 29, run 5 of benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): 2 splits
+#   of 256-code chunks beat the staged 4-8 splits by 1.10-1.49x (17.67 against 21.83 us at 7168 x 4096).
+# - 64 rows (session 29): 2 splits of 128-code chunks beat 1 by 1.03-1.25x and 4 by 1.09-1.14x (7168 x 4096:
+#   23.6 against 25.4 and 26.9 us; 8192 x 8192: 40.2 against 48.5 and 43.9), 256-code chunks by 1.01-1.15x,
+#   3 stages by 1.03-1.08x, two warp groups by 1.02-1.24x; at K = 2048 one split beat two (13.5 against
+#   14.8 us).
+_SPLIT = 2
 _MIN_CHUNKS = 2
-# At 64 rows the activations stream (a split's no longer fits beside the ring) and each split adds 64 x N fp32
-# partials: H100, kernel time, bf16 x mxfp4, 2026-11-24 (session 29, interleaved rounds; benchmarks/results/
-# decode_wgmma_rows64_h100_2026-11-24_session29.md): 2 splits of 128-code chunks through a 2-chunk ring beat 1
-# split by 1.03-1.25x and 4 by 1.09-1.14x (7168 x 4096: 23.6 against 25.4 and 26.9 us; 8192 x 8192: 40.2
-# against 48.5 and 43.9), 256-code chunks by 1.01-1.15x, 3 stages by 1.03-1.08x, two warp groups by
-# 1.02-1.24x; at K = 2048 one split beat two (13.5 against 14.8 us). At 32 rows (same session, run 5 of that
-# file), 2 splits of 256-code chunks (streamed from K = 4096) beat the staged 4-8 splits by 1.10-1.49x
-# (bf16 x mxfp4 / nvfp4, 7168 x 2048 / 4096, 8192^2, 28672 x 8192: 17.67 against 21.83 us at 7168 x 4096).
-_STREAMED_SPLIT = 2
 # Per padded row count: the largest chunk (at 64 rows 256-code chunks cost registers: 211 per thread against
-# 146) and the least K for `_STREAMED_SPLIT` splits (at 32 rows 2 x `_MIN_CHUNKS` chunks of 256).
-_STREAMED = {32: (256, 2 * _MIN_CHUNKS * 256), 64: (128, 4096)}
+# 146) and the least K for `_SPLIT` splits.
+_STREAMED = {16: (256, _SPLIT * _MIN_CHUNKS * 256), 32: (256, _SPLIT * _MIN_CHUNKS * 256), 64: (128, 4096)}
 
 
 def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
@@ -436,35 +466,22 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
-    """64 weight rows (4 warps) through a 2-chunk ring. At 2-16 rows (padded to 16): 256-code chunks and the
-    fewest K splits (dividing K's chunks, at most `STAGED_BYTES` of activations per program, `_MIN_CHUNKS`
-    chunks per split where K has them) that give about `_TARGET_PROGRAMS` programs. At 17-32 rows (padded to
-    32) and 33-64 (padded to 64): `_STREAMED_SPLIT` splits from the K `_STREAMED` gives, else one (the
-    activations streamed past `STAGED_BYTES`), 256- and 128-code chunks. Deterministic split-K."""
+    """64 weight rows (4 warps) through a 2-chunk ring, the activations padded to 16, 32 or 64 rows: `_SPLIT`
+    K splits where K gives each `_MIN_CHUNKS` chunks (64 rows: K >= 4096), else one; 256-code chunks (128 at
+    64 rows, or where K is no multiple of 256). Deterministic split-K."""
     del target
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
-    chunk = 256 if p.k % 256 == 0 else 128
-    if block_m in _STREAMED:
-        largest_chunk, min_k = _STREAMED[block_m]
-        chunk = min(chunk, largest_chunk)
-        split = _STREAMED_SPLIT if p.k >= min_k and p.k % (chunk * _STREAMED_SPLIT) == 0 else 1
-        return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
-                          split_k=split, kernel="decode_wgmma")
-    n_tiles, chunks = triton.cdiv(p.n, 64), p.k // chunk
-    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0 and block_m * (p.k // d) * 2 <= STAGED_BYTES]
-    # Splits of one chunk measured slower than half as many of two (a program's fixed costs, the activation
-    # staging and the split-K epilogue, weigh on less weight), unless K has a single chunk, or the staging
-    # leaves no choice.
-    divisors = [d for d in divisors if chunks // d >= _MIN_CHUNKS] or divisors
-    split = next((d for d in divisors if n_tiles * d >= _TARGET_PROGRAMS), divisors[-1])
+    largest_chunk, min_k = _STREAMED[block_m]
+    chunk = min(256 if p.k % 256 == 0 else 128, largest_chunk)
+    split = _SPLIT if p.k >= min_k and p.k % (chunk * _SPLIT) == 0 else 1
     return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
                       split_k=split, kernel="decode_wgmma")
 
 
 def streams_activations(p: GemmProblem, config: TileConfig) -> bool:
     """Whether a program streams its activations through a 2-chunk ring (STREAM_X) rather than staging its whole
-    split at once: where the split's activations exceed `STAGED_BYTES`."""
-    return config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES
+    split at once: where the split's activations exceed `STAGED_BYTES` for its padded rows."""
+    return config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES[config.block_m]
 
 
 # The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
