@@ -39,7 +39,7 @@ operand has in registers:
   before chunk i's MMA, which stays in flight (asynchronous wgmma) while they are stored.
 - Grid (cdiv(N, 64), SPLIT_K), `default_config`: few, long programs, 2 K splits (from K = 1024 at 2-32 rows,
   4096 at 64) of 256-code chunks (128 at 64 rows) through a 2-chunk ring, the activations streamed. At 16
-  rows this replaced ~6 short programs per SM of 2 staged chunks each (1.08-1.49x faster, session 30);
+  rows this replaced ~6 short programs per SM of 2 staged chunks each (1.03-1.48x faster, session 30);
   deeper rings, 1 or 4 splits and two warp groups measured slower (`_SPLIT`).
 
 Split-K (as decode.py): default bitwise deterministic: each split stores its fp32 partial into a
@@ -169,8 +169,9 @@ def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr, NIBBLES: gl
 # nvfp4 weights: the e2m1 bias 2**126 times the e4m3 scale (at most 448 < 2**9) overflows bf16, 2**(126 -
 # NVFP4_FOLD_LOG2) times it does not, and code x scale x 2**-8 (>= 2**-18) stays exact: one bf16 multiply per
 # pair instead of two; the kernel multiplies its fp32 sums by 2**NVFP4_FOLD_LOG2 (exact: a power of two) instead.
-# H100, 16 rows, bf16 x nvfp4: with the re-pairing (`_slots`) 1.03-1.06x; 32 rows 0.98-0.99x, 64 rows 1.01-1.02x
-# (session 30). mxfp4 keeps two: 2**126 times an e8m0 scale leaves bf16 past 2**1.
+# H100, bf16 x nvfp4 at the 16-row default: with the re-pairing (`_slots`) 1.05-1.07x (mxfp4, re-pairing alone:
+# 1.03-1.07x); 32 rows 0.98-0.99x, 64 rows 1.01-1.02x (session 30). mxfp4 keeps two multiplies: 2**126 times an
+# e8m0 scale leaves bf16 past 2**1 (checking the scales per program cost more than it saved).
 NVFP4_FOLD_LOG2 = gl.constexpr(8)
 
 
@@ -401,10 +402,10 @@ CHUNKS = (128, 256)  # K codes per step: 64 or 128 bytes of each weight row (16 
 # Per padded row count, the most bytes of activations (block_m x K / split_k x 2) a program stages whole in
 # shared memory before its first MMA; past it they stream through a 2-chunk ring (`streams_activations`).
 # H100, kernel time, 2026-11-24 (benchmarks/results/decode_wgmma_rows16_h100_2026-11-24_session30.md): at 16
-# rows, 2 splits streamed beat the same splits staged (64 KiB) by 1.04-1.07x (bf16 x mxfp4, 7168 x 2048 /
-# 4096) and 4 by 1.07x (bf16 x nvfp4, 7168 x 4096), so 16 rows stage at most two 256-code chunks; at 32 rows
-# 2 splits of K = 2048 staged (64 KiB) beat streamed by 1.01-1.03x; at 64 rows staging forced 8-16 splits,
-# 1.2-2.1x slower than the upcast path (session 12).
+# rows, 2 splits streamed beat the same splits staged (32-64 KiB) by 1.03-1.07x (bf16 x mxfp4, 7168 x 2048 /
+# 4096; 4 splits by 1.07x, bf16 x nvfp4 at 7168 x 4096, across two runs), so 16 rows stage at most two
+# 256-code chunks; at 32 rows 2 splits of K = 2048 staged (64 KiB) beat streamed by 1.01-1.03x; at 64 rows
+# staging forced 8-16 splits, 1.2-2.1x slower than the upcast path (session 12).
 STAGED_BYTES = {16: 16 * 1024, 32: 64 * 1024, 64: 64 * 1024}
 MAX_STAGES = 8
 # The weight ring beside the staged activations (the H100 gives a program up to 227 KiB): 8 x 16 KiB at 128
@@ -414,10 +415,11 @@ RING_BYTES = 128 * 1024
 # chunks or more (else one split): few, long programs, the activations streamed. H100, kernel time, bf16 x
 # fp4, interleaved rounds:
 # - 16 rows, 2026-11-24 (session 30, benchmarks/results/decode_wgmma_rows16_h100_2026-11-24_session30.md): 2
-#   streamed splits ran 1.08-1.49x faster than session 16's ~768 programs of 2 staged chunks each (7168 x 4096
-#   bf16 x mxfp4: 13.20 against 14.34 us; 28672 x 8192: 60.58 against 89.08), 1 split 0.66-1.27x, 4 splits
-#   0.91-1.08x against 2 (bf16 x nvfp4: 1.05x at 8192^2, 0.90x at 7168 x 2048), 3-4 stages 0.87-0.97x, two
-#   warp groups 0.76-0.90x. Quantized activations: mxfp8 x mxfp4 1.00-1.09x, nvfp4 x nvfp4 0.97-1.05x.
+#   streamed splits ran 1.03-1.48x faster than session 16's ~768 programs of 2 staged chunks each (7168 x 4096
+#   bf16 x mxfp4: 13.20 against 14.34 us; 28672 x 8192: 60.58 against 89.08). Against 2 splits: 1 split
+#   0.58-0.98x, 4 splits 0.92-1.05x (bf16 x nvfp4: 1.05x at 8192^2, 0.92x at 7168 x 2048), 3-4 stages
+#   0.88-0.98x, two warp groups 0.77-0.89x. Quantized activations: mxfp8 x mxfp4 1.00-1.10x, nvfp4 x nvfp4
+#   0.97-1.05x.
 # - 32 rows (session 29, run 5 of benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md): 2 splits
 #   of 256-code chunks beat the staged 4-8 splits by 1.10-1.49x (17.67 against 21.83 us at 7168 x 4096).
 # - 64 rows (session 29): 2 splits of 128-code chunks beat 1 by 1.03-1.25x and 4 by 1.09-1.14x (7168 x 4096:
