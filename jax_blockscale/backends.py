@@ -102,7 +102,8 @@ _DECODE_WGMMA_WHY = ("decode (one weight): Gluon, the weight loaded in wgmma's A
                      "kernel; ")
 _DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x at 2-16 rows, 1.2-2.0x XLA's bf16 "
                           "dot on an H100 (2026-11-23); at 17-64 rows (padded to 32 or 64, 2 K splits, the "
-                          "activations streamed) 1.11-1.80x the upcast path below (2026-11-24)")
+                          "activations streamed) 1.11-1.80x the upcast path below; at 2-16 rows with 2 streamed "
+                          "splits too, 1.52-2.72x XLA's bf16 dot at 16 rows (2026-11-24)")
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
 
@@ -144,7 +145,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # (benchmarks/results/decode_wgmma_rows64_h100_2026-11-24_session29.md), with the activations streamed and
         # 2 K splits (decode_wgmma.default_config): at 32 rows bf16 x mxfp4 1.55-1.80x, bf16 x nvfp4 1.11-1.34x (the
         # staged 4-8 splits had run 0.85-1.07x for nvfp4); at 33 / 64 rows bf16 x mxfp4 1.35-1.73x / 1.30-1.42x
-        # (1.23-1.61x / 1.23-1.45x XLA's bf16 dot), bf16 x nvfp4 1.13-1.40x / 1.12-1.19x.
+        # (1.23-1.61x / 1.23-1.45x XLA's bf16 dot), bf16 x nvfp4 1.13-1.40x / 1.12-1.19x. At 16 rows, 2 streamed
+        # splits and the fp4 pairs fed to wgmma without re-pairing: 1.07-1.49x session 29's kernel, 1.52-2.72x XLA's
+        # bf16 dot (benchmarks/results/decode_wgmma_rows16_h100_2026-11-24_session30.md, run 6).
         KernelEntry("decode_wgmma", _DECODE_WGMMA_PAIRS, "upcast", _DECODE_WGMMA_WHY + _DECODE_WGMMA_MEASURED,
                     max_rows=64, min_rows=2, named_configs_only=True),
         # H100, 2026-11-23, kernel time, against decode.py's kernels (benchmarks/results/decode_wgmma_pairs_h100_

@@ -176,29 +176,43 @@ NVFP4_FOLD_LOG2 = gl.constexpr(8)
 
 
 @gluon.jit
+def _scales_bf16(raw, KIND: gl.constexpr):
+    """Raw group scales -> bf16, exactly: e4m3 codes for nvfp4 (a subset of bf16), e8m0 for MX."""
+    if KIND == "nvfp4":
+        s = raw.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)
+    else:
+        s = e8m0_to_bf16(raw)
+    return s
+
+
+@gluon.jit
+def _scaled_codes(codes, s, KIND: gl.constexpr, PTX: gl.constexpr = _FP4_PTX):
+    """Codes times their bf16 scales s (one per code byte), in bf16: fp4 bytes (..., bytes) -> (..., bytes, 2),
+    the even code (the low nibble) first, by `PTX` (`decode._fp4_pair_ptx`: bit placement, then the bias and
+    scale multiplies, or one folded multiply); e4m3 / e5m2 (...) -> (...), by the hardware's conversion to
+    f16x2, widened to bf16, then one exact bf16 multiply (`_fp8_quad_ptx`)."""
+    if KIND == "e2m1" or KIND == "nvfp4":
+        lo, hi = gl.inline_asm_elementwise(PTX, "=r,=r,=r,=r,r,r,r", [codes, s], dtype=(gl.bfloat16, gl.bfloat16),
+                                           is_pure=True, pack=4)
+        v = gl.join(lo, hi)
+    else:
+        ptx: gl.constexpr = _E4M3_PTX if KIND == "e4m3" else _E5M2_PTX
+        v = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [codes.to(gl.uint8, bitcast=True), s], dtype=gl.bfloat16,
+                                      is_pure=True, pack=4)
+    return v
+
+
+@gluon.jit
 def _decode(packed, raw_s, W_KIND: gl.constexpr):
     """Weight bytes (R, groups, bytes) and their raw scales (R, groups) -> the codes' scaled values in bf16:
     fp4 (R, groups, bytes, 2), the even code (the low nibble) first; 8-bit codes (R, groups, bytes). Either
     is (R, CHUNK) in K order once reshaped. Exact (module docstring); nvfp4's values come out
     2**-NVFP4_FOLD_LOG2 times the true ones (the kernel scales its fp32 sums back)."""
-    if W_KIND == "nvfp4":
-        # exact: e4m3 is a subset of bf16, and a power of two times it stays a bf16 normal (<= 448 * 2**118)
-        s = raw_s.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * 2.0 ** (126 - NVFP4_FOLD_LOG2)
-        s = gl.broadcast(s[:, :, None], packed)[0]
-        lo, hi = gl.inline_asm_elementwise(_FP4_FOLDED_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-        w = gl.join(lo, hi)  # (R, groups, bytes, 2): the even code is the low nibble
-    elif W_KIND == "e2m1":
-        s = gl.broadcast(e8m0_to_bf16(raw_s)[:, :, None], packed)[0]
-        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [packed, s],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-        w = gl.join(lo, hi)
-    else:  # e4m3 / e5m2: hardware conversion to f16x2, widened to bf16, then one exact bf16 multiply
-        s = gl.broadcast(e8m0_to_bf16(raw_s)[:, :, None], packed)[0]
-        ptx: gl.constexpr = _E4M3_PTX if W_KIND == "e4m3" else _E5M2_PTX
-        w = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [packed.to(gl.uint8, bitcast=True), s],
-                                      dtype=gl.bfloat16, is_pure=True, pack=4)
-    return w
+    s = _scales_bf16(raw_s, W_KIND)
+    if W_KIND == "nvfp4":  # exact: a power of two times an e4m3 value stays a bf16 normal (<= 448 * 2**118)
+        s = s * 2.0 ** (126 - NVFP4_FOLD_LOG2)
+    s = gl.broadcast(s[:, :, None], packed)[0]
+    return _scaled_codes(packed, s, W_KIND, _FP4_FOLDED_PTX if W_KIND == "nvfp4" else _FP4_PTX)
 
 
 @gluon.jit
@@ -225,20 +239,11 @@ def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: 
         # product that is never stored.
         byte = gl.load(x_ptr + bm[:, None] * (K // 2) + k0 // 2 + bc[None, :], mask=bm[:, None] < M, other=0)
         raw = gl.load(xs_ptr + gl.minimum(bm, M - 1)[:, None] * (K // GROUP) + (k0 + 2 * bc[None, :]) // GROUP)
-        if X_KIND == "nvfp4":
-            sc = raw.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)  # exact: e4m3 is a subset of bf16
-        else:
-            sc = e8m0_to_bf16(raw)
-        lo, hi = gl.inline_asm_elementwise(_FP4_PTX, "=r,=r,=r,=r,r,r,r", [byte, sc],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-        x = gl.reshape(gl.join(lo, hi), [BM, CHUNK])  # byte j holds code 2j in its low nibble
+        x = gl.reshape(_scaled_codes(byte, _scales_bf16(raw, X_KIND), X_KIND), [BM, CHUNK])  # byte j: codes 2j, 2j + 1
     else:  # e4m3 / e5m2 codes, e8m0 scales per 32
         rows = gl.minimum(xm, M - 1)[:, None]  # rows past M read row M - 1 and are zeroed below
         codes = gl.load(x_ptr + rows * K + k0 + xk[None, :])
-        sc = e8m0_to_bf16(gl.load(xs_ptr + rows * (K // 32) + (k0 + xk[None, :]) // 32))
-        ptx: gl.constexpr = _E4M3_PTX if X_KIND == "e4m3" else _E5M2_PTX
-        v = gl.inline_asm_elementwise(ptx, "=r,=r,r,r,r", [codes.to(gl.uint8, bitcast=True), sc],
-                                      dtype=gl.bfloat16, is_pure=True, pack=4)
+        v = _scaled_codes(codes, e8m0_to_bf16(gl.load(xs_ptr + rows * (K // 32) + (k0 + xk[None, :]) // 32)), X_KIND)
         x = gl.where(in_m, v, 0.0)
     return x
 
@@ -429,8 +434,9 @@ RING_BYTES = 128 * 1024
 _SPLIT = 2
 _MIN_CHUNKS = 2
 # Per padded row count: the largest chunk (at 64 rows 256-code chunks cost registers: 211 per thread against
-# 146) and the least K for `_SPLIT` splits.
-_STREAMED = {16: (256, _SPLIT * _MIN_CHUNKS * 256), 32: (256, _SPLIT * _MIN_CHUNKS * 256), 64: (128, 4096)}
+# 146) and the least K for `_SPLIT` splits (`_MIN_CHUNKS` chunks each at 2-32 rows; at 64 one split beat two at
+# K = 2048).
+_CHUNK_AND_SPLIT_K = {16: (256, _SPLIT * _MIN_CHUNKS * 256), 32: (256, _SPLIT * _MIN_CHUNKS * 256), 64: (128, 4096)}
 
 
 def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
@@ -473,7 +479,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     64 rows, or where K is no multiple of 256). Deterministic split-K."""
     del target
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
-    largest_chunk, min_k = _STREAMED[block_m]
+    largest_chunk, min_k = _CHUNK_AND_SPLIT_K[block_m]
     chunk = min(256 if p.k % 256 == 0 else 128, largest_chunk)
     split = _SPLIT if p.k >= min_k and p.k % (chunk * _SPLIT) == 0 else 1
     return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
