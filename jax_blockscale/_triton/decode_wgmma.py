@@ -53,7 +53,10 @@ What bounds it (H100, Nsight Compute, 7168 x 4096, 16 rows, session 30): latency
 0.45 instructions per cycle and scheduler, DRAM at 30% of peak. With the decode's instructions removed
 altogether (a control run, wrong results, the staged configuration of session 16) the kernel ran only
 1.03-1.19x faster, so fewer instructions per element cannot reach issue #12's 75% of a same-size read (the
-kernel: 46-71%); more bytes in flight per SM could, which deeper rings and more splits did not give.
+kernel: 46-71%). Nor did more bytes in flight or better-placed ones (session 31,
+benchmarks/results/decode_wgmma_structure_h100_2026-11-24_session31.md): a TMA-fed weight ring ran 0.76-0.93x
+this cp.async one, slots of 2-4 chunks 0.64-1.03x, a tile-major weight within 5%, stream-K persistent programs
+0.63-0.96x; with neither activation loads nor decode (wrong results) this structure reads at 54-75%.
 
 At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a same-size read): every program re-reads
 all 64 activation rows of its split from L2 for its 64 weight rows, 4 bytes of activations per weight byte
@@ -73,8 +76,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
@@ -252,42 +254,23 @@ def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: 
 @gluon.jit
 def _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                 GROUP: gl.constexpr, CHUNK: gl.constexpr, EPB: gl.constexpr, NC: gl.constexpr, STAGES: gl.constexpr,
-                CL: gl.constexpr, SCL: gl.constexpr, WIDE: gl.constexpr, w_desc, ready, TMA_W: gl.constexpr,
-                TILED: gl.constexpr = False):
-    """Ring slot c % STAGES <- chunk c of the program's split (if it has one: c < NC): weight bytes (R, CHUNK /
-    EPB) and raw scales (R, CHUNK / GROUP) of rows n0 .. n0 + R - 1, by cp.async (rows past N read row N - 1;
-    their results are never stored), or the weight's by TMA (TMA_W: one box, zero past N, completing mbarrier
-    ready[c % STAGES]). One commit group per call, empty past the last chunk, so that wait_group counts
-    chunks."""
+                CL: gl.constexpr, SCL: gl.constexpr, WIDE: gl.constexpr):
+    """cp.async of chunk c of the program's split (if it has one: c < NC) into ring slot c % STAGES: weight
+    bytes (R, CHUNK / EPB) and raw scales (R, CHUNK / GROUP) of rows n0 .. n0 + R - 1. Rows past N read row
+    N - 1; their results are never stored. One commit group per call, empty past the last chunk, so that
+    wait_group counts chunks."""
     if c < NC:
         k0 = k_begin + c * CHUNK
-        if TMA_W:
-            bar = ready.index(c % STAGES)
-            mbarrier.expect(bar, w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w_desc, [n0, k0 // EPB], bar, w_ring.index(c % STAGES))
-        elif TILED:
-            tile = ((n0 // R) * (K // CHUNK) + k0 // CHUNK) * (R * (CHUNK // EPB))
-            r = gl.arange(0, R, layout=gl.SliceLayout(1, CL))
-            cols = gl.arange(0, CHUNK // EPB, layout=gl.SliceLayout(0, CL))
-            async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
-                                                   w_ptr + (tile + r[:, None] * (CHUNK // EPB) + cols[None, :]))
-        else:
-            rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, CL)), N - 1)
-            if WIDE:
-                rows = rows.to(gl.int64)
-            cols = gl.arange(0, CHUNK // EPB, layout=gl.SliceLayout(0, CL))
-            async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
-                                                   w_ptr + (rows[:, None] * (K // EPB) + k0 // EPB + cols[None, :]))
+        rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, CL)), N - 1)
+        if WIDE:
+            rows = rows.to(gl.int64)
+        cols = gl.arange(0, CHUNK // EPB, layout=gl.SliceLayout(0, CL))
+        async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
+                                               w_ptr + (rows[:, None] * (K // EPB) + k0 // EPB + cols[None, :]))
+        s_rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, SCL)), N - 1)
         s_cols = gl.arange(0, CHUNK // GROUP, layout=gl.SliceLayout(0, SCL))
-        if TILED:
-            s_tile = ((n0 // R) * (K // CHUNK) + k0 // CHUNK) * (R * (CHUNK // GROUP))
-            s_r = gl.arange(0, R, layout=gl.SliceLayout(1, SCL))
-            async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
-                                                   s_ptr + (s_tile + s_r[:, None] * (CHUNK // GROUP) + s_cols[None, :]))
-        else:
-            s_rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, SCL)), N - 1)
-            async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
-                                                   s_ptr + (s_rows[:, None] * (K // GROUP) + k0 // GROUP + s_cols[None, :]))
+        async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
+                                               s_ptr + (s_rows[:, None] * (K // GROUP) + k0 // GROUP + s_cols[None, :]))
     async_copy.commit_group()
 
 
@@ -330,8 +313,7 @@ def split_k_epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, coun
 def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
                         M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
                         W_KIND: gl.constexpr, X_KIND: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr,
-                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr, STREAM_X: gl.constexpr = False,
-                        TMA_W: gl.constexpr = False, TILED: gl.constexpr = False, CONTROL: gl.constexpr = 0):
+                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr, STREAM_X: gl.constexpr = False):
     """out (M, N) = a_ts * b_ts * decode(x (M, K), xs) @ decode(w (N, K / epb), s (N, K / group)).T. xs: the
     activations' scales (unread for bf16 ones). ws: (SPLIT_K, M, N) fp32 partials, or a zeroed (M, N) fp32
     accumulator (ATOMIC); count: zeroed int32 per N tile; both unused when SPLIT_K == 1. Grid
@@ -367,22 +349,11 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     n0 = pid_n * R
     k_begin = pid_k * KS
 
+    w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, R, CB], WR)
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, R, CHUNK // GROUP], SR)
-    if TMA_W:
-        # The same swizzle as WR (16-byte vectors xor row % 8 in 128-byte rows), which TMA writes itself.
-        WB: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=CB, element_bitwidth=8, rank=2)
-        w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // EPB], [K // EPB, 1], [R, CB], WB)
-        w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, R, CB], WB)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(STAGES):
-            mbarrier.init(ready.index(j), count=1)
-    else:
-        w_desc = None
-        ready = None
-        w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, R, CB], WR)
     for c in gl.static_range(STAGES - 1):  # in flight while the activations are staged
         _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, c, n0, k_begin, R, N, K, GROUP, CHUNK, EPB, NC, STAGES, CL, SCL,
-                    WIDE, w_desc, ready, TMA_W, TILED)
+                    WIDE)
 
     # This split's activations, decoded and relabelled like the weight, in shared memory: (NC, BM, CHUNK), or,
     # streamed, chunk i in slot i % 2 of a (2, BM, CHUNK) ring, chunk i + 1's global loads issued before
@@ -400,25 +371,20 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
 
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
     for i in range(NC):
-        if STREAM_X and CONTROL == 0:  # the next chunk's activations (the last program re-reads its own: an L1 hit)
+        if STREAM_X:  # the next chunk's activations (the last program re-reads its own: an L1 hit)
             xv = _stage_activations(x_ptr, xs_ptr, k_begin + gl.minimum(i + 1, NC - 1) * CHUNK, M, K, BM, CHUNK,
                                     X_KIND, XL)
         async_copy.wait_group(STAGES - 2)  # chunk i's group has landed (this thread's copies) ...
-        if TMA_W:
-            mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
         gl.thread_barrier()                # ... and every thread's; the slot read last iteration is free
         if STAGES - 1 < NC:  # else the prologue issued every chunk (and Triton 3.6 fails on the dead copies)
             _copy_chunk(w_ptr, s_ptr, w_ring, s_ring, i + STAGES - 1, n0, k_begin, R, N, K, GROUP, CHUNK, EPB, NC,
-                        STAGES, CL, SCL, WIDE, w_desc, ready, TMA_W, TILED)
+                        STAGES, CL, SCL, WIDE)
         else:
             async_copy.commit_group()  # an empty group: wait_group counts one group per chunk
-        if CONTROL == 3:
-            a = gl.full([R, CHUNK], i * 0.5, gl.bfloat16, layout=A_OP)
-        else:
-            packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
-            raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
-            w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
-            a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB, NIBBLES), A_OP)  # the layouts agree: no data moves
+        packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
+        raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
+        w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
+        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB, NIBBLES), A_OP)  # the layouts agree: no data moves
         if STREAM_X:
             # In flight while the next chunk's activations are stored and its weight decoded (at 64 rows 0.5-7%
             # faster than a synchronous wgmma with bf16 activations, within 1% with quantized ones); waiting for
@@ -432,171 +398,9 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     if STREAM_X:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     async_copy.wait_group(0)
-    if TMA_W:
-        for j in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(j))
     if W_KIND == "nvfp4":
         acc = acc * (2.0 ** NVFP4_FOLD_LOG2)  # exact: what `_decode`'s folded scales left out
     split_k_epilogue(acc, pid_n, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, SPLIT_K, ATOMIC, MMA)
-
-
-@gluon.jit
-def _sk_owner(q, TOTAL: gl.constexpr, PROGRAMS: gl.constexpr):
-    """The program whose range [p TOTAL / P, (p + 1) TOTAL / P) (floors) holds chunk q."""
-    return ((q + 1) * PROGRAMS - 1) // TOTAL
-
-
-@gluon.jit
-def _sk_copy(w_ptr, s_ptr, w_ring, s_ring, g, c, n, R: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-             GROUP: gl.constexpr, CHUNK: gl.constexpr, EPB: gl.constexpr, STAGES: gl.constexpr, CL: gl.constexpr,
-             SCL: gl.constexpr, WIDE: gl.constexpr):
-    """cp.async of global chunk g (weight rows of tile g / (K / CHUNK), K chunk g % (K / CHUNK)), the program's
-    c-th of n, into ring slot c % STAGES; an empty commit group past the program's last chunk."""
-    if c < n:
-        KC: gl.constexpr = K // CHUNK
-        n0 = (g // KC) * R
-        k0 = (g % KC) * CHUNK
-        rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, CL)), N - 1)
-        if WIDE:
-            rows = rows.to(gl.int64)
-        cols = gl.arange(0, CHUNK // EPB, layout=gl.SliceLayout(0, CL))
-        async_copy.async_copy_global_to_shared(w_ring.index(c % STAGES),
-                                               w_ptr + (rows[:, None] * (K // EPB) + k0 // EPB + cols[None, :]))
-        s_rows = gl.minimum(n0 + gl.arange(0, R, layout=gl.SliceLayout(1, SCL)), N - 1)
-        s_cols = gl.arange(0, CHUNK // GROUP, layout=gl.SliceLayout(0, SCL))
-        async_copy.async_copy_global_to_shared(s_ring.index(c % STAGES),
-                                               s_ptr + (s_rows[:, None] * (K // GROUP) + k0 // GROUP + s_cols[None, :]))
-    async_copy.commit_group()
-
-
-@gluon.jit
-def decode_wgmma_streamk_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                                M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
-                                W_KIND: gl.constexpr, X_KIND: gl.constexpr, CHUNK: gl.constexpr, STAGES: gl.constexpr,
-                                PROGRAMS: gl.constexpr, WIDE: gl.constexpr):
-    """decode_wgmma_kernel's product, stream-K: the (N tile, K chunk) pairs in tile-major order, TOTAL of them,
-    split into PROGRAMS equal contiguous ranges, one per program, through one ring (the next tile's chunks load
-    while this tile's last ones are decoded). A tile whose chunks span several programs is reduced as split-K
-    is: each stores its fp32 partial into workspace slot (its program - the tile's first program), and the last
-    to arrive sums them in slot order (bitwise deterministic). ws: (MAX_CONTRIBUTORS, M, N) fp32; count: zeroed
-    int32 per tile. Activations stream through a 2-chunk ring."""
-    W: gl.constexpr = gl.num_warps()
-    R: gl.constexpr = 16 * W
-    FP4: gl.constexpr = W_KIND == "e2m1" or W_KIND == "nvfp4"
-    EPB: gl.constexpr = 2 if FP4 else 1
-    GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
-    CB: gl.constexpr = CHUNK // EPB
-    KC: gl.constexpr = K // CHUNK
-    TOTAL: gl.constexpr = (N + R - 1) // R * KC
-    NIBBLES: gl.constexpr = FP4 and BM == 16
-    L3: gl.constexpr = _weight_layout(W, CB, GROUP // EPB)
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16])
-    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
-    XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    CL: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CB // 16), CB // 16], [W, 1], [1, 0])
-    SCL: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (CHUNK // GROUP // 4), CHUNK // GROUP // 4], [W, 1], [1, 0])
-    WR: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, order=[1, 0])
-    SR: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-
-    pid = gl.program_id(0)
-    g0 = pid * TOTAL // PROGRAMS
-    n = (pid + 1) * TOTAL // PROGRAMS - g0
-
-    w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, R, CB], WR)
-    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, R, CHUNK // GROUP], SR)
-    for c in gl.static_range(STAGES - 1):
-        _sk_copy(w_ptr, s_ptr, w_ring, s_ring, g0 + c, c, n, R, N, K, GROUP, CHUNK, EPB, STAGES, CL, SCL, WIDE)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, CHUNK], XS)
-    xv = _stage_activations(x_ptr, xs_ptr, (g0 % KC) * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
-    x_smem.index(0).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
-    fence_async_shared()
-
-    zeros = gl.zeros([R, BM], gl.float32, layout=MMA)
-    acc = zeros
-    for c in range(n):
-        g = g0 + c
-        xv = _stage_activations(x_ptr, xs_ptr, ((g + gl.where(c + 1 < n, 1, 0)) % KC) * CHUNK, M, K, BM, CHUNK,
-                                X_KIND, XL)
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()
-        _sk_copy(w_ptr, s_ptr, w_ring, s_ring, g + STAGES - 1, c + STAGES - 1, n, R, N, K, GROUP, CHUNK, EPB, STAGES,
-                 CL, SCL, WIDE)
-        packed = gl.reshape(w_ring.index(c % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
-        raw_s = s_ring.index(c % STAGES).load(gl.SliceLayout(2, L3))
-        w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
-        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB, NIBBLES), A_OP)
-        acc = warpgroup_mma(a, x_smem.index(c % 2).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))[0]
-        x_smem.index((c + 1) % 2).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
-        fence_async_shared()
-        if (g % KC == KC - 1) or (c == n - 1):  # this tile's last chunk here
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            if W_KIND == "nvfp4":
-                acc = acc * (2.0 ** NVFP4_FOLD_LOG2)
-            tile = g // KC
-            first = _sk_owner(tile * KC, TOTAL, PROGRAMS)
-            cnt = _sk_owner(tile * KC + KC - 1, TOTAL, PROGRAMS) - first + 1
-            _streamk_epilogue(acc, tile, pid - first, cnt, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M, N, MMA)
-            acc = zeros
-    async_copy.wait_group(0)
-
-
-@gluon.jit
-def _streamk_epilogue(acc, tile, j, cnt, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, M: gl.constexpr,
-                      N: gl.constexpr, MMA: gl.constexpr):
-    """split_k_epilogue with a runtime number of contributors `cnt` (this one the j-th): a tile held whole by one
-    program is stored directly; else partial into workspace slot j, and the last to arrive sums slots 0..cnt-1."""
-    R: gl.constexpr = acc.shape[0]
-    BM: gl.constexpr = acc.shape[1]
-    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
-    on = tile * R + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))
-    om = gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
-    offs = om[None, :] * N + on[:, None]
-    mask = (om[None, :] < M) & (on[:, None] < N)
-    if cnt == 1:
-        gl.store(out_ptr + offs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        gl.store(ws_ptr + j * (M * N) + offs, acc, mask=mask)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == cnt - 1:
-            total = gl.zeros([R, BM], gl.float32, layout=MMA)
-            for s in range(cnt):
-                total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.store(out_ptr + offs, (total * alpha).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def streamk_contributors(n_tiles: int, kc: int, programs: int) -> int:
-    """The most programs whose chunk ranges meet one tile (the stream-K workspace's slots)."""
-    total = n_tiles * kc
-    owner = lambda q: ((q + 1) * programs - 1) // total  # noqa: E731
-    return max(owner(t * kc + kc - 1) - owner(t * kc) + 1 for t in range(n_tiles))
-
-
-def launch_streamk(p: GemmProblem, a_values, a_scales, b_values, b_scales, alpha, *, config: TileConfig,
-                   compute_capability: int, a_ts=None, b_ts=None, programs: int = 0, stages: int = 2):
-    """Session-31 experiment: decode_wgmma_streamk_kernel (bf16 activations only)."""
-    rows = p.batch * p.m
-    x = a_values.reshape(rows, a_values.shape[-1])
-    xs = x
-    a_ts, b_ts = tensor_scale_operands(alpha, a_ts, b_ts)
-    n_tiles = triton.cdiv(p.n, config.block_n)
-    kc = p.k // config.block_k
-    programs = programs or 2 * 132
-    programs = min(programs, n_tiles * kc)
-    slots = streamk_contributors(n_tiles, kc, programs)
-    out, _, _ = scratch.scratch_call(
-        decode_wgmma_streamk_kernel, b_values, b_scales, x, xs, a_ts, b_ts,
-        out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
-                   jax.ShapeDtypeStruct((slots * rows * p.n,), jnp.float32),
-                   jax.ShapeDtypeStruct((n_tiles,), jnp.int32)],
-        zeroed_outputs=(2,), grid=(programs,), num_warps=config.num_warps, num_stages=stages,
-        compute_capability=compute_capability, name=f"decode_wgmma_streamk_{p.a_kind}_{p.b_kind}",
-        M=rows, N=p.n, K=p.k, BM=config.block_m, W_KIND=p.b_kind, X_KIND=p.a_kind, CHUNK=config.block_k,
-        STAGES=stages, PROGRAMS=programs, WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT,
-    )
-    return out.reshape(p.batch, p.m, p.n)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -666,10 +470,7 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
                          f"m64 warp groups), got block_n={config.block_n}, num_warps={config.num_warps}")
     if not 2 <= config.num_stages <= MAX_STAGES:
         raise ValueError(f"num_stages (the weight ring's chunks) must be in [2, {MAX_STAGES}], got {config.num_stages}")
-    row_bytes = config.block_k // p.elements_per_byte("b")
-    if config.tma and row_bytes not in (64, 128):
-        raise ValueError(f"the TMA weight ring loads 64- or 128-byte rows per chunk (its swizzle), got {row_bytes}")
-    ring = config.num_stages * config.block_n * row_bytes
+    ring = config.num_stages * config.block_n * config.block_k // p.elements_per_byte("b")
     if ring > RING_BYTES:
         raise ValueError(f"the weight ring ({config.num_stages} stages x {config.block_n} rows x {config.block_k} codes) "
                          f"takes {ring // 1024} KiB of shared memory, over {RING_BYTES // 1024}; lower num_stages")
@@ -693,9 +494,6 @@ def streams_activations(p: GemmProblem, config: TileConfig) -> bool:
     split at once: where the split's activations exceed `STAGED_BYTES` for its padded rows."""
     return config.block_m * (p.k // config.split_k) * 2 > STAGED_BYTES[config.block_m]
 
-
-_TILED_EXPERIMENT = False  # session-31 scratch: weight bytes and scales stored tile-major
-_CONTROL = 0  # session-31 scratch: 1 no activation loads past the first chunk, 3 also no weight decode (wrong results)
 
 # The primitive passes nvfp4 tensor scales separately (`a_ts`, `b_ts`), multiplied in the kernel.
 TAKES_TENSOR_SCALES = True
@@ -728,6 +526,5 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         maxnreg=config.max_registers, M=rows, N=p.n, K=p.k, BM=config.block_m, W_KIND=p.b_kind, X_KIND=p.a_kind,
         CHUNK=config.block_k, SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
         WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT, STREAM_X=streams_activations(p, config),
-        TMA_W=bool(config.tma), TILED=_TILED_EXPERIMENT, CONTROL=_CONTROL,
     )
     return out.reshape(p.batch, p.m, p.n)
