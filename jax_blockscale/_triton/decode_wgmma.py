@@ -56,7 +56,8 @@ altogether (a control run, wrong results, the staged configuration of session 16
 kernel: 46-71%). Nor did more bytes in flight or better-placed ones (session 31,
 benchmarks/results/decode_wgmma_structure_h100_2026-11-24_session31.md): a TMA-fed weight ring ran 0.76-0.93x
 this cp.async one, slots of 2-4 chunks 0.64-1.03x, a tile-major weight within 5%, stream-K persistent programs
-0.63-0.96x; with neither activation loads nor decode (wrong results) this structure reads at 54-75%.
+0.63-0.96x, and all of those together (decode_fp8's structure with this decode) 0.55-0.85x; with neither
+activation loads nor decode (wrong results) this structure reads at 54-75%.
 
 At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a same-size read): every program re-reads
 all 64 activation rows of its split from L2 for its 64 weight rows, 4 bytes of activations per weight byte
