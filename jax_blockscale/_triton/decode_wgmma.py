@@ -247,7 +247,8 @@ def _stage_activations(x_ptr, xs_ptr, k0, M: gl.constexpr, K: gl.constexpr, BM: 
     else:  # e4m3 / e5m2 codes, e8m0 scales per 32
         rows = gl.minimum(xm, M - 1)[:, None]  # rows past M read row M - 1 and are zeroed below
         codes = gl.load(x_ptr + rows * K + k0 + xk[None, :])
-        v = _scaled_codes(codes, e8m0_to_bf16(gl.load(xs_ptr + rows * (K // 32) + (k0 + xk[None, :]) // 32)), X_KIND)
+        raw = gl.load(xs_ptr + rows * (K // 32) + (k0 + xk[None, :]) // 32)
+        v = _scaled_codes(codes, _scales_bf16(raw, X_KIND), X_KIND)
         x = gl.where(in_m, v, 0.0)
     return x
 
