@@ -174,6 +174,38 @@ def test_decoded_residuals_are_named_for_remat():
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_saved_residuals_are_named_as_uint32_words():
+    """Remat saves the quantizations as whole uint32 words (`recipes._named`): a layer scan stacks them in
+    buffers it zero-fills, and XLA:GPU filled 1-byte ones at a third of the 4-byte rate. Every named value
+    of 1- or 2-byte data is a uint32 word array, and the values come back unchanged."""
+    for recipe in ("fp8_deepseek", "mxfp8:decoded", "nvfp4"):
+        def f(x, w, recipe=recipe):
+            return jnp.sum(quantized_dense(x, w, recipe, w_layout="kn").astype(jnp.float32))
+        policy = jb.checkpoint_policy(inputs=True)
+        text = str(jax.make_jaxpr(jax.grad(jax.checkpoint(f, policy=policy), argnums=(0, 1)))(X, W_KN))
+        named = re.findall(r"\w+:(\w+)\[([^\]]*)\] = name\[name=jax_blockscale", text)
+        assert any(d == "u32" for d, _ in named), (recipe, named)
+        for dtype, shape in named:  # 1-byte data stays uint8 only where its last axis is not whole words
+            assert dtype in ("u32", "f32") or (dtype == "u8" and int(shape.split(",")[-1]) % 4), (recipe, named)
+        want = jax.jit(jax.grad(f, argnums=(0, 1)))(X, W_KN)
+        got = jax.jit(jax.grad(jax.checkpoint(f, policy=policy), argnums=(0, 1)))(X, W_KN)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_words_round_trip():
+    from jax_blockscale.recipes import _as_words, _from_words
+
+    for dtype, k in ((jnp.float8_e4m3fn, 12), (jnp.uint8, 8), (jnp.bfloat16, 6)):
+        x = jax.random.normal(jax.random.key(0), (3, 5, k), jnp.float32).astype(dtype) if dtype != jnp.uint8 else \
+            jax.random.randint(jax.random.key(0), (3, 5, k), 0, 256).astype(jnp.uint8)
+        w = _as_words(x)
+        assert w.dtype == jnp.uint32 and w.shape == (3, 5, k * jnp.dtype(dtype).itemsize // 4)
+        back = _from_words(w, x)
+        assert back.dtype == x.dtype and back.shape == x.shape
+        np.testing.assert_array_equal(np.asarray(back).view(np.uint8), np.asarray(x).view(np.uint8))
+
+
 # ---------------------------------------------------------------------------------- lowered for Hopper
 
 
