@@ -324,9 +324,9 @@ def _named(tree, name: str):
     float8_e4m3fn (4 exponent, 3 mantissa bits), and XLA applies that as an IEEE format with infinities:
     codes of 256..448 would come back as Inf. Bitcasts and reshapes cost no kernel."""
     def one(x):
-        if not isinstance(x, jax.Array) or x.dtype.itemsize > 2 or x.ndim == 0 or x.dtype == jnp.bool_:
+        if not isinstance(x, jax.Array) or x.dtype.itemsize > 2 or x.dtype == jnp.bool_:
             return checkpoint_name(x, name)
-        if _WORD_RESIDUALS and x.shape[-1] % (4 // x.dtype.itemsize) == 0:
+        if _WORD_RESIDUALS and x.ndim and x.shape[-1] % (4 // x.dtype.itemsize) == 0:
             return _from_words(checkpoint_name(_as_words(x), name), x)
         if x.dtype.itemsize != 1 or not jnp.issubdtype(x.dtype, jnp.floating):
             return checkpoint_name(x, name)
