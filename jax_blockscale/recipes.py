@@ -305,11 +305,6 @@ def _from_words(words: jax.Array, like: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(words, like.dtype).reshape(like.shape)
 
 
-# `_named` saves 1- and 2-byte residuals as uint32 words; False (read at trace time) keeps their own dtype
-# (uint8 for 1-byte floats), so that a benchmark can compare.
-_WORD_RESIDUALS = True
-
-
 def _named(tree, name: str):
     """`checkpoint_name` on every array of `tree`; 1- and 2-byte arrays (element codes, e8m0 scales, decoded
     bf16) are named as uint32 words where their last axis packs into whole words, else 1-byte floats as
@@ -317,16 +312,16 @@ def _named(tree, name: str):
 
     Why uint32: a saved residual of a remat'd layer under a layer scan (`nn.scan`) is stacked in a buffer
     that jax's scan fills with zeros before the loop (`_empty_array`), and XLA:GPU wrote the 1-byte buffers
-    at ~0.84 TB/s (H100, fp8_deepseek step at d2048: one u8[4, 8192, 16384] fill took 0.63 ms; a fill of
-    three such buffers in one fusion ran ~2.5 TB/s), so the step paid ~0.5 ms for them. Whole words are
-    written as fast as 4-byte data is. Why not the float dtype for 1-byte floats: for each saved residual,
+    at ~0.85 TB/s (H100, fp8_deepseek step at d2048: one u8[4, 8192, 16384] fill took 0.63 ms; a fill of
+    three such buffers in one fusion ran ~2.5 TB/s). Saved as words, that step's non-GEMM kernels fell from
+    18.18 to 17.44 ms (benchmarks/results/session32_h100_2026-11-25.md). Why not the float dtype for 1-byte floats: for each saved residual,
     remat inserts `reduce_precision` with the dtype's finfo (jax `_insert_reduce_precision`), for
     float8_e4m3fn (4 exponent, 3 mantissa bits), and XLA applies that as an IEEE format with infinities:
     codes of 256..448 would come back as Inf. Bitcasts and reshapes cost no kernel."""
     def one(x):
         if not isinstance(x, jax.Array) or x.dtype.itemsize > 2 or x.dtype == jnp.bool_:
             return checkpoint_name(x, name)
-        if _WORD_RESIDUALS and x.ndim and x.shape[-1] % (4 // x.dtype.itemsize) == 0:
+        if x.ndim and x.shape[-1] % (4 // x.dtype.itemsize) == 0:
             return _from_words(checkpoint_name(_as_words(x), name), x)
         if x.dtype.itemsize != 1 or not jnp.issubdtype(x.dtype, jnp.floating):
             return checkpoint_name(x, name)
