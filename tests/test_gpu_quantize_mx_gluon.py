@@ -73,6 +73,29 @@ def test_fixed_tensor_scales(pair):
     assert_same_outputs(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), pair)
 
 
+# nvfp4's short path runs where every nvfp4 side's tensor scale lies in quantize_mx_gluon.SHORT_PATH_TS (or
+# is 0), the general path elsewhere: tensor scales at both ends of that range and one float32 step outside,
+# 0, far outside (where the spec's flushes and saturations decide codes), and a pair with one side in range
+# and the other out (the whole program then takes the general path).
+_LO, _HI = 2.0**-88, 2.0**116
+EDGE_TENSOR_SCALES = {
+    "lo": (_LO, _LO), "below_lo": (np.nextafter(np.float32(_LO), np.float32(0)),) * 2,
+    "hi": (_HI, _HI), "above_hi": (np.nextafter(np.float32(_HI), np.float32(np.inf)),) * 2,
+    "zero": (0.0, 0.0), "tiny": (2.0**-120, 2.0**-120), "huge": (2.0**120, 2.0**120),
+    "mixed": (0.37, 2.0**120), "mixed_rev": (2.0**-100, 3.0e-3),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("ts", sorted(EDGE_TENSOR_SCALES))
+@pytest.mark.parametrize("pair", ["nvfp4+T", "nvfp4+mxfp8T", "nvfp4", "nvfp4T", "e3m2+nvfp4T"])
+def test_nvfp4_short_and_general_paths_at_the_range_edges(pair, ts, dtype):
+    x = jnp.asarray(_input((1024, 1536), dtype))
+    t = jnp.asarray(EDGE_TENSOR_SCALES[ts], jnp.float32)
+    assert_same_outputs(_run(x, t, PAIRS[pair], "rceil", "gluon"), _want(x, t, PAIRS[pair], "rceil"),
+                        f"{pair} ts={ts} {dtype}")
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (17, 40), (130, 300), (1000, 8200), (3, 200, 384), (2, 2, 48, 272)])
 @pytest.mark.parametrize("pair", ["mxfp8+T", "nvfp4+T", "nvfp4+mxfp8T", "mxfp4", "nvfp4T"])
 def test_gluon_pads_ragged_and_batched_shapes(shape, pair):

@@ -104,8 +104,12 @@ def test_compiled_kernel_has_no_shared_memory_and_vector_stores(target, pair):
     narrow = len(re.findall(r"st\.global(?:\.\w+)*\.b8", ptx))  # the per-block scales
     assert wide >= 2 and narrow <= wide, (wide, narrow)
     fp4 = [f for f in (row, col) if f is not None and f.element.bits == 4]
-    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == any(f.element.bits == 8 for f in (row, col) if f is not None)
+    nvfp4 = any(f is not None and f.name == "nvfp4" for f in (row, col))
+    # The hardware e4m3 conversion: 8-bit MX elements, and nvfp4's block scale on its short path.
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or any(f.element.bits == 8 for f in (row, col) if f is not None))
     assert ("min.f32" in ptx and "0f40C00000" in ptx) == bool(fp4)  # the e2m1 pair encoder
+    # nvfp4 sides: both paths are in the kernel, the short one (rcp.rn) and the general one (div.rn).
+    assert ("rcp.rn.f32" in ptx) == nvfp4 and ("div.rn.f32" in ptx) == nvfp4
 
 
 @pytest.mark.parametrize("decoded", [False, True])
@@ -143,7 +147,8 @@ def test_decoded_kernel_stores_bf16_vectors_and_no_codes(target, pair):
     assert len(re.findall(r"st\.global(?:\.\w+)*\.v4\.b32", ptx)) >= 2 * sides
     assert not re.findall(r"st\.global(?:\.\w+)*\.(?:b8|u8)", ptx)
     assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.bf16.f32" in ptx
-    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == any(f.element.bits == 8 for f in (row, col) if f is not None)
+    nvfp4 = any(f is not None and f.name == "nvfp4" for f in (row, col))
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or any(f.element.bits == 8 for f in (row, col) if f is not None))
 
 
 def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper):
