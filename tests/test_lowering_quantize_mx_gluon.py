@@ -106,7 +106,8 @@ def test_compiled_kernel_has_no_shared_memory_and_vector_stores(target, pair):
     fp4 = [f for f in (row, col) if f is not None and f.element.bits == 4]
     nvfp4 = any(f is not None and f.name == "nvfp4" for f in (row, col))
     # The hardware e4m3 conversion: 8-bit MX elements, and nvfp4's block scale on its short path.
-    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or any(f.element.bits == 8 for f in (row, col) if f is not None))
+    eight = any(f.element.bits == 8 for f in (row, col) if f is not None)
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or eight)
     assert ("min.f32" in ptx and "0f40C00000" in ptx) == bool(fp4)  # the e2m1 pair encoder
     # nvfp4 sides: both paths are in the kernel, the short one (rcp.rn) and the general one (div.rn).
     assert ("rcp.rn.f32" in ptx) == nvfp4 and ("div.rn.f32" in ptx) == nvfp4
@@ -148,7 +149,8 @@ def test_decoded_kernel_stores_bf16_vectors_and_no_codes(target, pair):
     assert not re.findall(r"st\.global(?:\.\w+)*\.(?:b8|u8)", ptx)
     assert "cvt.rn.bf16x2.f32" in ptx or "cvt.rn.bf16.f32" in ptx
     nvfp4 = any(f is not None and f.name == "nvfp4" for f in (row, col))
-    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or any(f.element.bits == 8 for f in (row, col) if f is not None))
+    eight = any(f.element.bits == 8 for f in (row, col) if f is not None)
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == (nvfp4 or eight)  # 8-bit elements, nvfp4's short path
 
 
 def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper):
@@ -162,5 +164,7 @@ def test_quantize_with_transpose_lowers_to_the_gluon_kernel(hopper):
 def test_quantizer_says_which_kernel():
     assert "quantize_mx_gluon" in jb.quantizer("mxfp8", target="sm_90")      # with the transposed side
     assert "quantize_mx_gluon" in jb.quantizer("nvfp4", target="sm_100")
+    assert "short path for tensor scales in [2^-88, 2^116] or 0" in jb.quantizer("nvfp4", target="sm_90")
+    assert "short path" not in jb.quantizer("mxfp8", target="sm_90")
     assert "quantize_mx_gluon" not in jb.quantizer("mxfp8", target="gfx950")
     assert "quantize_mx_gluon" not in jb.quantizer("fp8_block", target="sm_90", block=(1, 128))

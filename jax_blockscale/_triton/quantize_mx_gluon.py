@@ -79,13 +79,15 @@ from .upcast import e8m0_to_f32, minifloat_to_f32
 # range (0 counts as 1, as the spec computes block scales against 1 then). Within it no step of the spec
 # meets a float32 subnormal or overflow that changes a code, so the spec's flushes need no code (the
 # docstring of `_nvfp4_parts_short` has the bounds); outside it the general path runs.
-SHORT_PATH_TS = (2.0**-88, 2.0**116)
+_TS_LO = gl.constexpr(2.0**-88)
+_TS_HI = gl.constexpr(2.0**116)
+SHORT_PATH_TS = (_TS_LO.value, _TS_HI.value)
 
 
 @gluon.jit
 def _short_path(ts):
     """Whether nvfp4's short path computes the spec for tensor scale ts (a float32 scalar): `SHORT_PATH_TS`."""
-    return (ts == 0) | ((ts >= 2.0**-88) & (ts <= 2.0**116))
+    return (ts == 0) | ((ts >= _TS_LO) & (ts <= _TS_HI))
 
 
 @triton.jit
@@ -399,8 +401,8 @@ def _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
                 cols_c = c0 + s * SC + cc[None, None, :]
                 x = gl.load(x_b + rows_c * C + cols_c, mask=(rows_c < R) & (cols_c < C), other=0.0).to(gl.float32)
                 amax_bits = gl.max(x.to(gl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
-                scaled, sign_src, scales = _scaled(x, amax_bits, ts_c, SHORT, 1, C_KIND, C_ROUNDING, C_MBITS, C_EMAX,
-                                                   C_CMANT)
+                scaled, sign_src, scales = _scaled(x, amax_bits, ts_c, SHORT, 1, C_KIND, C_ROUNDING, C_MBITS,
+                                                   C_EMAX, C_CMANT)
                 cols_s = c0 + s * SC + cc_s[None, :]
                 blk = rb0 // CB + ll_s[:, None]
                 if DECODED:
