@@ -315,7 +315,7 @@ def quantizer(fmt: FormatLike, target: Optional[str] = None, *, block: Optional[
     if paired != alone:
         how += f"; with its transposed side (quantize_with_transpose, the recipes): {paired}"
     if fmt.name == "nvfp4" and "quantize_mx_gluon" in alone + paired:
-        from ._triton.quantize_mx_gluon import SHORT_PATH_TS
+        from ._triton.quantize_kernels import SHORT_PATH_TS
 
         lo, hi = (int(math.log2(v)) for v in SHORT_PATH_TS)
         how += (f"; nvfp4 there takes a short path for tensor scales in [2^{lo}, 2^{hi}] or 0, the general "

@@ -73,7 +73,7 @@ def test_fixed_tensor_scales(pair):
     assert_same_outputs(_run(x, ts, PAIRS[pair], "rceil", "gluon"), _want(x, ts, PAIRS[pair], "rceil"), pair)
 
 
-# nvfp4's short path runs where every nvfp4 side's tensor scale lies in quantize_mx_gluon.SHORT_PATH_TS (or
+# nvfp4's short path runs where every nvfp4 side's tensor scale lies in quantize_kernels.SHORT_PATH_TS (or
 # is 0), the general path elsewhere: tensor scales at both ends of that range and one float32 step outside,
 # 0, far outside (where the spec's flushes and saturations decide codes), and a pair with one side in range
 # and the other out (the whole program then takes the general path).

@@ -421,6 +421,63 @@ def _nvfp4_block_scale(amax, bad, ts):
     return scale_code, _rn32(_e4m3_value(scale_code).to(tl.float64) * ts64)
 
 
+# nvfp4's short path (`_nvfp4_parts_short`), for tensor scales in this range (0 counts as 1, as the spec computes
+# block scales against 1 then): within it no step of the spec meets a float32 subnormal or overflow that
+# changes a code, so the spec's flushes need no code (the bounds are in `_nvfp4_parts_short`); the Gluon kernel
+# (quantize_mx_gluon) branches on it once per program, and takes the general path outside it.
+_SHORT_TS_LO = tl.constexpr(2.0**-88)
+_SHORT_TS_HI = tl.constexpr(2.0**116)
+SHORT_PATH_TS = (_SHORT_TS_LO.value, _SHORT_TS_HI.value)
+
+
+@triton.jit
+def _nvfp4_short_path(ts):
+    """Whether `_nvfp4_parts_short` computes the spec for tensor scale ts (a float32 scalar): `SHORT_PATH_TS`."""
+    return (ts == 0) | ((ts >= _SHORT_TS_LO) & (ts <= _SHORT_TS_HI))
+
+
+@triton.jit
+def _rcp_rn(d):
+    """float32 1 / d correctly rounded (PTX rcp.rn.f32, NVIDIA: MUFU.RCP and two FFMA on its fast path, where
+    div_rn(1, d) compiles the whole division with its FCHK and slow path)."""
+    return tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _nvfp4_parts_short(amax, bad, ts):
+    """`_nvfp4_block_scale` and `_quotient_parts(d, True)` for a tensor scale ts in `SHORT_PATH_TS`, in about
+    a third of the instructions (NVIDIA sm_89+: the hardware e4m3 conversion, rcp.rn): (the stored e4m3 scale
+    code, uint8; d = RN32(scale * ts), the element divisor; RN32(1 / d); the sign addend z). The elements are
+    then `_quotient_signed(x, 1, d, y, z)`: the same bits as the general path's, for these reasons.
+
+    - u = RN32(amax / 6) and v = RN32(u / ts) are float64 products with float64 reciprocals rounded once to
+      float32, as `_nvfp4_block_scale` forms them (quantize.py's lemma). The spec flushes a float32-subnormal
+      amax or u to zero; here they stay, but then v < 2**-126 / ts <= 2**-38 and the scale code is 0 either
+      way (e4m3's smallest subnormal is 2**-9).
+    - The scale code is Triton's float32 -> e4m3 conversion of v (cvt.rn.satfinite: RNE, saturating at 448,
+      +Inf to 448: `elements.encode`'s rules for v >= 0), 0x7F for a block with NaN/Inf; d's scale value is
+      Triton's e4m3 -> float32 conversion (exact; 0x7F gives NaN on NVIDIA). `_encode_hw` and `_e4m3_value`
+      give the same values for these inputs, but their fix-ups for signs, NaN and other backends cost 18
+      more SASS instructions per row block (sm_90), on the per-block work this path exists to cut.
+    - d = scale * ts in float32 is RN32 of the exact product, and is normal: 2**-9 * 2**-88 <= d < 448 * 2**116
+      (or 0), so the spec's flush of a subnormal d never applies and 1 / d is a normal float32.
+    - No rescaling of x (c = 1; the general path scales x and d by 2**-e(d) so that extreme divisors keep the
+      correction exact): r = x - d q0 is exact wherever |x / d| >= 1/8, since then |x| >= d / 8 >= 2**-100
+      and x - d q0 lies on a grid of 2**-146 or coarser; below that every candidate quotient rounds to e2m1's
+      zero with x's sign, as the spec's does. q0 overflowing (a block scale saturated at 448 by a small
+      explicit ts) makes q NaN, which the e2m1 encoder saturates to 6 with the sign source's sign, as the
+      spec's +-Inf."""
+    ts = tl.where(ts == 0, 1.0, ts)
+    u = (amax.to(tl.float64) * (1.0 / 6.0)).to(tl.float32)
+    v = (u.to(tl.float64) * (1.0 / ts.to(tl.float64))).to(tl.float32)
+    code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    code = tl.where(bad, 0x7F, code).to(tl.uint8)
+    d = code.to(tl.float8e4nv, bitcast=True).to(tl.float32) * ts  # NaN for 0x7F
+    y = tl.where(d == 0, 0.0, _rcp_rn(d))
+    return code, d, y, _sign_addend(d, True)
+
+
 @triton.jit
 def _mx_block_scale(amax_bits, amax, bad, MBITS: tl.constexpr, EMAX: tl.constexpr, CMANT: tl.constexpr,
                     ROUNDING: tl.constexpr):

@@ -34,11 +34,11 @@ H100 (2026-11-23, same units, `CONFIGS`): mxfp8 + transposed 0.84x, nvfp4 alone 
 mxfp8 0.77x, mxfp4 + transposed 0.76x, nvfp4 + transposed 0.53x (both sides' element arithmetic, ~28 SASS
 instructions per element and side, bounds it: the kernel issues instructions, not bytes).
 
-nvfp4's short path (session 33): where the tensor scale lies in `SHORT_PATH_TS` (every tensor scale that data
-gives short of float32's extremes, or an explicit one there), the per-block scale comes from the hardware's
-e4m3 conversion and one float32 product, the divisor's reciprocal from rcp.rn, and the element quotient
-skips the general path's rescaling (`_nvfp4_parts_short`, `_quotient_short`: same bits, proofs there); the
-general path stays for the rest. H100, same run: nvfp4 alone 0.871x -> 0.950x, nvfp4 + transposed nvfp4
+nvfp4's short path (session 33): where the tensor scale lies in `quantize_kernels.SHORT_PATH_TS` (every tensor
+scale that data gives short of float32's extremes, or an explicit one there), the per-block scale comes from
+the hardware's e4m3 conversion and one float32 product, the divisor's reciprocal from rcp.rn, and the element
+quotient skips the general path's rescaling (`quantize_kernels._nvfp4_parts_short`: same bits, proofs there);
+the general path stays for the rest. H100, same run: nvfp4 alone 0.871x -> 0.950x, nvfp4 + transposed nvfp4
 0.549x -> 0.608x, nvfp4 + transposed mxfp8 0.761x -> 0.790x
 (benchmarks/results/quant_nvfp4_short_h100_2026-11-25_session33.md).
 tests/test_gpu_quantize_mx_gluon.py compares the bits on the GPU with the jnp quantizer's and the Triton
@@ -63,82 +63,15 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from . import launch as scratch
 from .quantize_kernels import (_e4m3_value, _encode_e2m1_pairs, _encode_elements, _mx_block_scale,
-                               _nvfp4_block_scale, _quotient_parts, _quotient_signed, _side_constexprs)
+                               _nvfp4_block_scale, _nvfp4_parts_short, _nvfp4_short_path, _quotient_parts,
+                               _quotient_signed, _side_constexprs)
 from .tiling import linear_bases
 from .upcast import e8m0_to_f32, minifloat_to_f32
-
-
-# nvfp4's short path (`_nvfp4_parts_short`), taken by a program when its side's tensor scale lies in this
-# range (0 counts as 1, as the spec computes block scales against 1 then). Within it no step of the spec
-# meets a float32 subnormal or overflow that changes a code, so the spec's flushes need no code (the
-# docstring of `_nvfp4_parts_short` has the bounds); outside it the general path runs.
-_TS_LO = gl.constexpr(2.0**-88)
-_TS_HI = gl.constexpr(2.0**116)
-SHORT_PATH_TS = (_TS_LO.value, _TS_HI.value)
-
-
-@gluon.jit
-def _short_path(ts):
-    """Whether nvfp4's short path computes the spec for tensor scale ts (a float32 scalar): `SHORT_PATH_TS`."""
-    return (ts == 0) | ((ts >= _TS_LO) & (ts <= _TS_HI))
-
-
-@triton.jit
-def _rcp_rn(d):
-    """float32 1 / d correctly rounded (PTX rcp.rn.f32: MUFU.RCP and two FFMA on its fast path, where
-    Triton's div_rn(1, d) compiles the whole division with its FCHK and slow path)."""
-    return tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=r,r", [d], dtype=tl.float32, is_pure=True,
-                                     pack=1)
-
-
-@triton.jit
-def _nvfp4_parts_short(amax, bad, ts):
-    """nvfp4's per-block parts for a tensor scale ts in `SHORT_PATH_TS`: (the stored e4m3 scale code, uint8;
-    -d; RN32(1 / d); the sign addend z), d = RN32(scale * ts) the element divisor, bit-identical to
-    `quantize_kernels._nvfp4_block_scale` and `_quotient_parts` there, in about a third of the instructions.
-
-    - u = RN32(amax / 6) and v = RN32(u / ts) are float64 products with float64 reciprocals rounded once to
-      float32, as `_nvfp4_block_scale` forms them (quantize.py's lemma). The spec flushes a float32-subnormal
-      amax or u to zero; here they stay, but then v < 2**-126 / ts <= 2**-38 and the scale code is 0 either
-      way (e4m3's smallest subnormal is 2**-9).
-    - The scale code is the hardware's e4m3 conversion of v (cvt.rn.satfinite: RNE, saturating at 448, +Inf
-      to 448: `elements.encode`'s rules for v >= 0), 0x7F for a block with NaN/Inf.
-    - d = scale * ts in float32 is RN32 of the exact product, and is normal: 2**-9 * 2**-88 <= d < 448 * 2**116
-      (or 0), so the spec's flush of a subnormal d never applies and 1 / d is a normal float32.
-    The elements (`_quotient_short`) then need no rescaling of x either (the general path scales x and d by
-    2**-e(d) so that extreme divisors keep the correction exact)."""
-    ts = tl.where(ts == 0, 1.0, ts)
-    u = (amax.to(tl.float64) * (1.0 / 6.0)).to(tl.float32)
-    v = (u.to(tl.float64) * (1.0 / ts.to(tl.float64))).to(tl.float32)
-    code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-    code = tl.where(bad, 0x7F, code).to(tl.uint8)
-    d = code.to(tl.float8e4nv, bitcast=True).to(tl.float32) * ts  # NaN for 0x7F
-    y = tl.where(d == 0, 0.0, _rcp_rn(d))
-    # The sign addend of `_sign_addend(d, True)`: -0.0 keeps x's sign; NaN makes the code's sign positive
-    # for a NaN block and for a zero divisor (whose elements are +0).
-    u32 = d.to(tl.uint32, bitcast=True) & 0
-    z = tl.where((d != d) | (d == 0), u32 | 0x7FC00000, u32 | 0x80000000).to(tl.float32, bitcast=True)
-    return code, -d, y, z
-
-
-@triton.jit
-def _quotient_short(x, neg_d, y, z):
-    """(q, sign source) with q = RN32(x / d) for the parts of `_nvfp4_parts_short`: Markstein's correction
-    (q0 = RN(x y), r = x - d q0 exact by fma, q = RN(q0 + r y) with y = RN(1 / d)), as `_quotient_signed`
-    without its rescaling of x. r is exact wherever |x / d| >= 1/8 (then |x| >= d / 8 >= 2**-100, so x - d q0
-    lies on a grid of 2**-146 or coarser); below that every candidate q rounds to e2m1 0 with x's sign, as the
-    spec's does. q0 overflowing (a block scale saturated at 448 by a small explicit ts) makes q NaN, which
-    the e2m1 encoder saturates to 6 with x's sign, as the spec's +-Inf."""
-    q0 = x * y
-    r = tl.fma(q0, neg_d, x)
-    return tl.fma(r, y, q0), x + z
 
 
 @gluon.jit
@@ -147,14 +80,14 @@ def _scaled(x, amax_bits, ts, SHORT: gl.constexpr, AXIS: gl.constexpr, KIND: gl.
     """(elements to encode, their sign sources: float32 shaped like x; stored scales shaped like amax_bits)
     of x's blocks along AXIS, whose amax bit patterns (sign cleared) are amax_bits; ts: the nvfp4 tensor
     scale (float32 scalar); SHORT: nvfp4 takes its short path (`_nvfp4_parts_short`, where the program found
-    `_short_path(ts)`), else the general one (both give the spec's bits)."""
+    `_nvfp4_short_path(ts)`), else the general one (both give the spec's bits)."""
     amax = amax_bits.to(gl.float32, bitcast=True)
     bad = amax_bits >= 0x7F800000
     if KIND == "nvfp4":
-        if SHORT:
-            scales, neg_d, y, z = _nvfp4_parts_short(amax, bad, ts)
-            scaled, sign_src = _quotient_short(x, gl.expand_dims(neg_d, AXIS), gl.expand_dims(y, AXIS),
-                                               gl.expand_dims(z, AXIS))
+        if SHORT:  # no rescaling of x: c = 1 (`_nvfp4_parts_short`)
+            scales, d, y, z = _nvfp4_parts_short(amax, bad, ts)
+            scaled, sign_src = _quotient_signed(x, 1.0, gl.expand_dims(d, AXIS), gl.expand_dims(y, AXIS),
+                                                gl.expand_dims(z, AXIS))
         else:
             scales, denom = _nvfp4_block_scale(amax, bad, ts)
             c, d_s, y, z = _quotient_parts(denom.to(gl.float32), True)
@@ -461,12 +394,14 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
     rv (B, R, C) and cv (B, C, R) (no padding; nvfp4's tensor scale left out), equal to
     `quantize.dequantize(q, bf16)` of the codes and scales it would have stored, NaN as 0x7FFF; rs / cs are
     not written."""
-    # nvfp4 sides take the short path when every nvfp4 side's tensor scale allows it (`SHORT_PATH_TS`): one
-    # branch for the whole program, so the general path's registers do not stay live across the short
-    # path's code (a branch per strip took nvfp4 + transposed nvfp4 from 96 to 116 registers).
+    # nvfp4 sides take the short path when every nvfp4 side's tensor scale allows it
+    # (`quantize_kernels.SHORT_PATH_TS`): one branch for the whole program, so the general path's registers do
+    # not stay live across the short path's code (a branch per strip took nvfp4 + transposed nvfp4 from 96 to
+    # 116 registers). Kernels without an nvfp4 side keep no branch (Triton 3.6 fails to lower an scf.if on a
+    # constant condition, so the call is not shared with a constant `short`).
     if R_KIND == "nvfp4" or C_KIND == "nvfp4":
-        short = _short_path(gl.load(ts_ptr)) | (R_KIND != "nvfp4")
-        short = short & (_short_path(gl.load(ts_ptr + 1)) | (C_KIND != "nvfp4"))
+        short = _nvfp4_short_path(gl.load(ts_ptr)) | (R_KIND != "nvfp4")
+        short = short & (_nvfp4_short_path(gl.load(ts_ptr + 1)) | (C_KIND != "nvfp4"))
         if short:
             _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr, R, C, TR, TC, RT, CC, CL, R_KIND, R_ROUNDING, R_TW,
                   R_EPB, R_CQ, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, C_KIND, C_ROUNDING, C_TH,
