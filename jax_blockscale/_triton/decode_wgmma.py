@@ -62,7 +62,12 @@ activation loads nor decode (wrong results) this structure reads at 54-75%.
 At 64 rows (bf16 x mxfp4, 1.23-1.45x XLA's bf16 dot, 28-32% of a same-size read): every program re-reads
 all 64 activation rows of its split from L2 for its 64 weight rows, 4 bytes of activations per weight byte
 (58.7 MB at 7168 x 4096 against a 15.6 MB weight), besides the wgmma work itself (3.8 GFLOP, ~4 us at the
-H100's dense bf16 peak).
+H100's dense bf16 peak). Those re-reads are not what bounds it (session 34,
+benchmarks/results/decode_wgmma_rows64_bounds_h100_2026-11-25_session34.md): two m64 tiles per warp group
+(half the re-reads) ran 0.81-0.92x, activations two chunks ahead 0.75-0.96x, and a stmatrix store of the
+activations (a K relabelling with 3x fewer bank conflicts) 0.91-0.99x. Nsight Compute at 7168 x 4096: L2 at
+27% of peak, L1 66%, 1.7 warps per scheduler issuing in 34% of cycles, 24% of SM cycles idle (224 programs
+on 132 SMs): latency inside each program's instruction stream, with too few programs per SM.
 
 Hopper only: wgmma is sm_90a's instruction (sm_100 keeps decode.py, whose Triton source lowers to tcgen05).
 Gluon kernels do not run in Triton's interpreter: tests/test_gpu_decode_wgmma.py checks results on the GPU
@@ -154,51 +159,6 @@ def _bytes_layout(num_warps, chunk_bytes, tiles=1):
     return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps * tiles, chunk_bytes])
 
 
-@gluon.constexpr_function
-def _weight_layout_q(num_warps, chunk_bytes, group_bytes):
-    """Experiment: `_weight_layout` with K relabelled by `_slots_q`: thread 4g + t holds, of each 64-byte piece
-    of its rows' bytes, the 4-byte words at 4t, 16 + 4t, 32 + 4t, 48 + 4t."""
-    def at(byte):
-        return [0, byte // group_bytes, byte % group_bytes]
-    regs = ([at(1), at(2), at(16), at(32)] + [at(64 * h) for h in _pow2(chunk_bytes // 64)] + [[8, 0, 0]])
-    lanes = [at(4), at(8)] + [[r, 0, 0] for r in (1, 2, 4)]
-    warps = [[16 * w, 0, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk_bytes // group_bytes, group_bytes])
-
-
-@gluon.constexpr_function
-def _bytes_layout_q(num_warps, chunk_bytes):
-    regs = [[0, 1], [0, 2], [0, 16], [0, 32]] + [[0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[8, 0]]
-    lanes = [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]]
-    warps = [[16 * w, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [16 * num_warps, chunk_bytes])
-
-
-@gluon.constexpr_function
-def _x_layout_q(num_warps, rows, chunk):
-    """Experiment: (rows, chunk) bf16 activations as `_weight_layout_q` holds the weight's codes: thread 4g + t
-    of warp w holds rows 16w + g, 16w + g + 8 and, of each 128-element piece, the 8 elements at 8t + 32r (one
-    16-byte vector each; a row quad's loads cover 64 contiguous bytes). Warps beyond the rows take further
-    pieces."""
-    row_warps = min(num_warps, rows // 16)
-    k_warps = num_warps // row_warps
-    pieces = chunk // 128
-    regs = ([[0, 1], [0, 2], [0, 4], [0, 32], [0, 64], [8, 0]]
-            + [[0, 128 * k_warps * p] for p in _pow2(pieces // k_warps)])
-    lanes = [[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]]
-    warps = [[16 * w, 0] for w in _pow2(row_warps)] + [[0, 128 * w] for w in _pow2(k_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [rows, chunk])
-
-
-@gluon.jit
-def _slots_q(v, R: gl.constexpr, CHUNK: gl.constexpr):
-    """(R, CHUNK) in true K order -> wgmma slot order for `_weight_layout_q` (fp4): k = 128 h + 32 r + 8 t + 4 a
-    + 2 b + el goes to slot 2 t + el + 8 b of k16 step 8 h + 2 r + a."""
-    v = gl.reshape(v, [R, CHUNK // 128, 4, 4, 2, 2, 2])
-    v = gl.permute(v, [0, 1, 2, 4, 5, 3, 6])
-    return gl.reshape(v, [R, CHUNK])
-
-
 @gluon.jit
 def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr, NIBBLES: gl.constexpr = False):
     """(R, CHUNK) in true K order -> (R, CHUNK) in wgmma slot order, for V codes per 16-byte vector (32 fp4,
@@ -213,15 +173,6 @@ def _slots(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr, NIBBLES: gl
     else:
         v = gl.permute(v, [0, 1, 3, 4, 2, 5])   # (h, j, eh, t, el)
     return gl.reshape(v, [R, CHUNK])            # slot = 16 ((V / 4) h + j) + 8 eh + 2 t + el (NIBBLES: swapped)
-
-
-@gluon.jit
-def _slots_any(v, R: gl.constexpr, CHUNK: gl.constexpr, V: gl.constexpr, NIBBLES: gl.constexpr, QUAD: gl.constexpr):
-    if QUAD:
-        out = _slots_q(v, R, CHUNK)
-    else:
-        out = _slots(v, R, CHUNK, V, NIBBLES)
-    return out
 
 
 # nvfp4 weights: the e2m1 bias 2**126 times the e4m3 scale (at most 448 < 2**9) overflows bf16, 2**(126 -
@@ -369,8 +320,7 @@ def split_k_epilogue(acc, tile, pid_k, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, coun
 def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
                         M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BM: gl.constexpr,
                         W_KIND: gl.constexpr, X_KIND: gl.constexpr, CHUNK: gl.constexpr, SPLIT_K: gl.constexpr,
-                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr, STREAM_X: gl.constexpr = False,
-                        QUAD: gl.constexpr = False):
+                        STAGES: gl.constexpr, ATOMIC: gl.constexpr, WIDE: gl.constexpr, STREAM_X: gl.constexpr = False):
     """out (M, N) = a_ts * b_ts * decode(x (M, K), xs) @ decode(w (N, K / epb), s (N, K / group)).T. xs: the
     activations' scales (unread for bf16 ones). ws: (SPLIT_K, M, N) fp32 partials, or a zeroed (M, N) fp32
     accumulator (ATOMIC); count: zeroed int32 per N tile; both unused when SPLIT_K == 1. Grid
@@ -389,18 +339,10 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     # mxfp4 at the 16-row default: 1.03-1.07x; at 32 and 64 rows, where the activations are half as many and
     # as many as the weight's elements, 0.94-0.97x (session 30, the results file named at `STAGED_BYTES`).
     NIBBLES: gl.constexpr = FP4 and BM == 16
-    if QUAD:
-        L3: gl.constexpr = _weight_layout_q(W, CB, GROUP // EPB)
-        BL: gl.constexpr = _bytes_layout_q(W, CB)
-    else:
-        L3: gl.constexpr = _weight_layout(W, CB, GROUP // EPB)
-        BL: gl.constexpr = _bytes_layout(W, CB)
+    L3: gl.constexpr = _weight_layout(W, CB, GROUP // EPB)
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BM, 16])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    if QUAD:
-        XL: gl.constexpr = _x_layout_q(W, BM, CHUNK)
-    else:
-        XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
+    XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
     XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     # cp.async: 16 bytes per thread of a row's codes; >= 4 bytes per copy, so 4 scales (chunk / group >= 4).
     CL: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CB // 16), CB // 16], [W, 1], [1, 0])
@@ -426,12 +368,12 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
     if STREAM_X:
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BM, CHUNK], XS)
         xv = _stage_activations(x_ptr, xs_ptr, k_begin, M, K, BM, CHUNK, X_KIND, XL)
-        x_smem.index(0).store(_slots_any(xv, BM, CHUNK, 16 * EPB, NIBBLES, QUAD))
+        x_smem.index(0).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
     else:
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [NC, BM, CHUNK], XS)
         for c in gl.static_range(NC):
             xv = _stage_activations(x_ptr, xs_ptr, k_begin + c * CHUNK, M, K, BM, CHUNK, X_KIND, XL)
-            x_smem.index(c).store(_slots_any(xv, BM, CHUNK, 16 * EPB, NIBBLES, QUAD))
+            x_smem.index(c).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
     fence_async_shared()
 
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
@@ -446,17 +388,17 @@ def decode_wgmma_kernel(w_ptr, s_ptr, x_ptr, xs_ptr, a_ts_ptr, b_ts_ptr, out_ptr
                         STAGES, CL, SCL, WIDE)
         else:
             async_copy.commit_group()  # an empty group: wait_group counts one group per chunk
-        packed = gl.reshape(w_ring.index(i % STAGES).load(BL), [R, CHUNK // GROUP, GROUP // EPB])
+        packed = gl.reshape(w_ring.index(i % STAGES).load(_bytes_layout(W, CB)), [R, CHUNK // GROUP, GROUP // EPB])
         raw_s = s_ring.index(i % STAGES).load(gl.SliceLayout(2, L3))
         w = gl.reshape(_decode(gl.convert_layout(packed, L3), raw_s, W_KIND), [R, CHUNK])
-        a = gl.convert_layout(_slots_any(w, R, CHUNK, 16 * EPB, NIBBLES, QUAD), A_OP)  # the layouts agree: no data moves
+        a = gl.convert_layout(_slots(w, R, CHUNK, 16 * EPB, NIBBLES), A_OP)  # the layouts agree: no data moves
         if STREAM_X:
             # In flight while the next chunk's activations are stored and its weight decoded (at 64 rows 0.5-7%
             # faster than a synchronous wgmma with bf16 activations, within 1% with quantized ones); waiting for
             # one outstanding retires chunk i - 1's, the last reader of the slot stored next.
             acc = warpgroup_mma(a, x_smem.index(i % 2).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a))[0]
-            x_smem.index((i + 1) % 2).store(_slots_any(xv, BM, CHUNK, 16 * EPB, NIBBLES, QUAD))
+            x_smem.index((i + 1) % 2).store(_slots(xv, BM, CHUNK, 16 * EPB, NIBBLES))
             fence_async_shared()
         else:
             acc = warpgroup_mma(a, x_smem.index(i).permute((1, 0)), acc)
@@ -591,6 +533,5 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         maxnreg=config.max_registers, M=rows, N=p.n, K=p.k, BM=config.block_m, W_KIND=p.b_kind, X_KIND=p.a_kind,
         CHUNK=config.block_k, SPLIT_K=split, STAGES=config.num_stages, ATOMIC=bool(config.atomic_split_k),
         WIDE=p.n * (p.k // p.elements_per_byte("b")) >= _INT32_LIMIT, STREAM_X=streams_activations(p, config),
-        QUAD=config.group_m == 3,  # experiment: group_m (unused here) selects it
     )
     return out.reshape(p.batch, p.m, p.n)
