@@ -314,10 +314,11 @@ def _named(tree, name: str):
     that jax's scan fills with zeros before the loop (`_empty_array`), and XLA:GPU wrote the 1-byte buffers
     at ~0.85 TB/s (H100, fp8_deepseek step at d2048: one u8[4, 8192, 16384] fill took 0.63 ms; a fill of
     three such buffers in one fusion ran ~2.5 TB/s). Saved as words, that step's non-GEMM kernels fell from
-    18.18 to 17.44 ms (benchmarks/results/session32_h100_2026-11-25.md). Why not the float dtype for 1-byte floats: for each saved residual,
-    remat inserts `reduce_precision` with the dtype's finfo (jax `_insert_reduce_precision`), for
-    float8_e4m3fn (4 exponent, 3 mantissa bits), and XLA applies that as an IEEE format with infinities:
-    codes of 256..448 would come back as Inf. Bitcasts and reshapes cost no kernel."""
+    18.18 to 17.44 ms (benchmarks/results/session32_h100_2026-11-25.md). Why not the float dtype for 1-byte
+    floats: for each saved residual, remat inserts `reduce_precision` with the dtype's finfo (jax
+    `_insert_reduce_precision`), for float8_e4m3fn (4 exponent, 3 mantissa bits), and XLA applies that as an
+    IEEE format with infinities: codes of 256..448 would come back as Inf. Bitcasts and reshapes cost no
+    kernel."""
     def one(x):
         if not isinstance(x, jax.Array) or x.dtype.itemsize > 2 or x.dtype == jnp.bool_:
             return checkpoint_name(x, name)

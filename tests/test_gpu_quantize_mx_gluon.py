@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from jax_blockscale import quantize_primitive as qp
+from jax_blockscale._triton.quantize_kernels import SHORT_PATH_TS
 from jax_blockscale.quantize import nvfp4_tensor_scale, quantize_jnp
 
 from _gluon_quant import PAIRS, compute_capability, sm90, tensor_scales  # noqa: F401 (sm90: autouse)
@@ -77,7 +78,7 @@ def test_fixed_tensor_scales(pair):
 # is 0), the general path elsewhere: tensor scales at both ends of that range and one float32 step outside,
 # 0, far outside (where the spec's flushes and saturations decide codes), and a pair with one side in range
 # and the other out (the whole program then takes the general path).
-_LO, _HI = 2.0**-88, 2.0**116
+_LO, _HI = SHORT_PATH_TS
 EDGE_TENSOR_SCALES = {
     "lo": (_LO, _LO), "below_lo": (np.nextafter(np.float32(_LO), np.float32(0)),) * 2,
     "hi": (_HI, _HI), "above_hi": (np.nextafter(np.float32(_HI), np.float32(np.inf)),) * 2,

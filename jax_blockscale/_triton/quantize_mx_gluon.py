@@ -397,19 +397,17 @@ def quantize_mx_t_kernel(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr,
     # nvfp4 sides take the short path when every nvfp4 side's tensor scale allows it
     # (`quantize_kernels.SHORT_PATH_TS`): one branch for the whole program, so the general path's registers do
     # not stay live across the short path's code (a branch per strip took nvfp4 + transposed nvfp4 from 96 to
-    # 116 registers). Kernels without an nvfp4 side keep no branch (Triton 3.6 fails to lower an scf.if on a
-    # constant condition, so the call is not shared with a constant `short`).
+    # 116 registers). Kernels without an nvfp4 side get a constexpr False, so no branch is emitted (a runtime
+    # constant would not do: Triton 3.6 fails to lower an scf.if on a constant condition).
     if R_KIND == "nvfp4" or C_KIND == "nvfp4":
         short = _nvfp4_short_path(gl.load(ts_ptr)) | (R_KIND != "nvfp4")
         short = short & (_nvfp4_short_path(gl.load(ts_ptr + 1)) | (C_KIND != "nvfp4"))
-        if short:
-            _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr, R, C, TR, TC, RT, CC, CL, R_KIND, R_ROUNDING, R_TW,
-                  R_EPB, R_CQ, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, C_KIND, C_ROUNDING, C_TH,
-                  C_EPB, C_RQ, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DECODED, True)
-        else:
-            _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr, R, C, TR, TC, RT, CC, CL, R_KIND, R_ROUNDING, R_TW,
-                  R_EPB, R_CQ, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, C_KIND, C_ROUNDING, C_TH,
-                  C_EPB, C_RQ, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DECODED, False)
+    else:
+        short: gl.constexpr = False
+    if short:
+        _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr, R, C, TR, TC, RT, CC, CL, R_KIND, R_ROUNDING, R_TW,
+              R_EPB, R_CQ, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, C_KIND, C_ROUNDING, C_TH,
+              C_EPB, C_RQ, C_MBITS, C_MIN_EXP, C_MAX_BITS, C_NBITS, C_EMAX, C_CMANT, DECODED, True)
     else:
         _tile(x_ptr, ts_ptr, rv_ptr, rs_ptr, cv_ptr, cs_ptr, R, C, TR, TC, RT, CC, CL, R_KIND, R_ROUNDING, R_TW,
               R_EPB, R_CQ, R_MBITS, R_MIN_EXP, R_MAX_BITS, R_NBITS, R_EMAX, R_CMANT, C_KIND, C_ROUNDING, C_TH,
