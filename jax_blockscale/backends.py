@@ -75,8 +75,10 @@ _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 _DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
 # Quantized activations it takes at 33-64 rows too (padded to 64): 8-bit MX x mxfp4.
 _DECODE_WGMMA_MX8_X = frozenset({("e4m3", "e2m1"), ("e5m2", "e2m1")})
-# What else it takes (decode_wgmma.SUPPORTED): mxfp8 weights, measured slower than decode.py (opt-in below).
-_DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("bf16", "e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
+# bf16 activations x 8-bit MX weights (mxfp8 e4m3 / e5m2) at 2-64 rows.
+_DECODE_WGMMA_BF16_8BIT = frozenset({("bf16", w) for w in ("e4m3", "e5m2")})
+# What else it takes (decode_wgmma.SUPPORTED): quantized activations x 8-bit weights (opt-in below).
+_DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
 # bf16 x fp4: H100, 2026-11-23, CUPTI kernel time, the 5 issue shapes (benchmarks/results/decode_wgmma_h100_2026-
 # 11-23_session12.md): against decode.py at 2 / 4 / 8 / 16 rows 0.94-1.34x / 1.43-1.75x / 1.05-1.58x / 0.94-1.37x
 # (three cases below 1.0: mxfp4 at 2 rows of 7168 x 4096, nvfp4 at 16 rows of 7168 x 2048 and 8192 x 8192);
@@ -184,12 +186,22 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "instructions; from K = 7168 1.00-1.58x the upcast path at 64 rows (H100, 2026-11-24: 48.48 vs "
                     "51.11 us at 7168^2, 182.38 vs 287.47 at 28672 x 8192, 59.94 vs 59.99 at 8192^2)",
                     max_rows=64, min_rows=33, min_size=(33, 1, 7168), named_configs_only=True),
+        # bf16 x mxfp8 weights (e4m3, e5m2), H100, 2026-11-25, kernel time, the 5 issue shapes (benchmarks/results/
+        # mxfp8_weights_dispatch_h100_2026-11-25_session35.md, run 3): against decode.py at 4 rows (its GEMV, re-tiled
+        # the same day) 1.09-1.19x, at 16 rows (its swapped MMA) 1.02-1.10x, against the upcast path at 32 / 64 rows
+        # 1.28-1.60x / 1.15-1.26x. Before the GEMV's 8-bit tiles (runs 1-2) the GEMV ran 0.89-0.94x XLA's bf16 dot at
+        # 4 rows (1.50-1.87x slower than this kernel). 1-2 rows keep the GEMV: 1.04-1.07x faster than this kernel at
+        # 2 rows (its FMAs grow with the rows; 3 rows, not timed, lie between). Session 15's opt-in (16 rows, 13.55
+        # vs 10.44 us at 7168 x 2048) predates the 2-split default: 10.29 vs 10.49 now.
+        KernelEntry("decode_wgmma", _DECODE_WGMMA_BF16_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
+                    "conversion; 1.37-1.79x XLA's bf16 dot at 4-16 rows, 1.12-1.74x at 32-64, 1.02-1.60x the kernels "
+                    "that ran here before (the GEMV re-tiled) on an H100 (2026-11-25)",
+                    max_rows=64, min_rows=3, named_configs_only=True),
         KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
                     "conversion", max_rows=32, named_configs_only=True,
-                    opt_in="slower than decode.py for mxfp8 weights on an H100 (2026-11-23, kernel time, 16 rows: "
-                           "bf16 x mxfp8 13.55 vs 10.44 us at 7168 x 2048, mxfp8 x mxfp8 21.30 vs 17.27 us at "
-                           "7168 x 4096): 8-bit codes double the bytes per element and their decode (~3.4 "
-                           "instructions per element) leaves the kernel issue-bound"),
+                    opt_in="against decode_fp8 (below) for mxfp8 x mxfp8 on an H100 (2026-11-25, kernel time, 2-64 "
+                           "rows, the 5 issue shapes) 0.90-1.20x: faster at 7168 x 7168 and 8192 x 8192, slower at "
+                           "7168 x 2048 and at 8-16 rows of 28672 x 8192, so the fp8 wgmma kernel keeps them"),
         KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
         KernelEntry("decode_fp8", _MX8_PAIRS, "native", _DECODE_FP8_MX_WHY, max_rows=64, min_rows=2,
                     max_staged_scales=MX8_STAGED_SCALES, named_configs_only=True),

@@ -20,11 +20,12 @@ def enable_entry(monkeypatch, target: str, module: str) -> None:
 # The activation rows at which sm_90 dispatch sends fp4 weights to the Gluon decode kernel, per (activations,
 # weights) format (backends.KERNEL_TABLE: measured faster there), written out so that tests check the table, not
 # read it, as (first, last) row ranges: bf16 or 8-bit MX activations x mxfp4 at 2-64 rows, mxfp4 x mxfp4 and
-# nvfp4 x nvfp4 at 2-32 (and at 33-64 from K = 7168, above these tests' shapes), bf16 activations x nvfp4 at
-# 2-64.
+# nvfp4 x nvfp4 at 2-32 (and at 33-64 from K = 7168, above these tests' shapes), bf16 activations x nvfp4 at 2-64
+# and x 8-bit MX weights at 3-64.
 DECODE_WGMMA_ROWS = {**{(fa, "mxfp4"): ((2, 64),) for fa in ("bf16", "mxfp8", "mxfp8_e5m2")},
                      ("mxfp4", "mxfp4"): ((2, 32),), ("bf16", "nvfp4"): ((2, 64),),
-                     ("nvfp4", "nvfp4"): ((2, 32),)}
+                     ("nvfp4", "nvfp4"): ((2, 32),),
+                     **{("bf16", fb): ((3, 64),) for fb in ("mxfp8", "mxfp8_e5m2")}}
 
 
 def sm90_decode_kernel(fa: str, fb: str, rows: int) -> str:

@@ -77,6 +77,14 @@ for fb, fq in WEIGHTS.items():
                           config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=16 if m == 1 else 8,
                                       block_k=block_k, group_m=1, num_warps=4, num_stages=2, split_k=split,
                                       atomic_split_k=atomic, gemv=True, prefetch=split != 2)))
+# ... the 8-bit weights' sm_90 tiles (decode._FP8_GEMV_TILES): whole 2048-code rows on 8 warps at one row, 16 rows
+# x 1024 codes at several, no K split.
+for fa, m, block_n, block_k, warps, stages in (("bf16", 1, 8, 2048, 8, 2), ("mxfp8_e5m2", 3, 16, 1024, 4, 3)):
+    seed += 1
+    CASES.append(dict(fa=fa, fb="mxfp8", batch=[], m=m, n=150, k=2048, seed=seed, a_gain=3.0, out_dtype="float32",
+                      config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=block_n, block_k=block_k,
+                                  group_m=1, num_warps=warps, num_stages=stages, split_k=1, gemv=True,
+                                  prefetch=False)))
 # ... its PTX fp4 decode (emulated), a folded batch, and bf16 output.
 for fa, fb in (("bf16", "mxfp4"), ("nvfp4", "nvfp4")):
     seed += 1
@@ -103,10 +111,10 @@ for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False,
                       out_dtype="float32",
                       config=dict(_config(fb, 5, "mma"), split_k=split, block_n=32, num_warps=2)))
 # The default configuration, as dispatch gives it (the GEMV up to 4 rows, MMA above).
-# (mxfp8 x mxfp4 at 2-64 rows, 8-bit MX on both sides and block FP8 x block FP8 at 1-64 dispatch to Gluon
-# kernels, which the interpreter cannot run: mxfp8 weights here with bf16 or fp6 activations, and the other
-# pairs only with the configs above.)
-for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("bf16", "mxfp8", 16),
+# (mxfp8 x mxfp4 and bf16 x mxfp8 at 2-64 rows, 8-bit MX on both sides and block FP8 x block FP8 at 1-64 dispatch
+# to Gluon kernels, which the interpreter cannot run: mxfp8 weights here with bf16 activations at one row or fp6
+# ones, and the other pairs only with the configs above.)
+for fa, fb, m in (("bf16", "nvfp4", 1), ("bf16", "fp8_block", 4), ("bf16", "mxfp8", 1),
                   ("mxfp6_e2m3", "mxfp8", 5), ("bf16", "mxfp6_e3m2", 64)):
     seed += 1
     CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=700, seed=seed, out_dtype="float32"))

@@ -89,6 +89,18 @@ def test_every_format_as_dispatched(fa, fb, m):
     _check(a, b, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("fb", ["mxfp8", "mxfp8_e5m2"])
+@pytest.mark.parametrize("fa,m,n,k", [("bf16", 1, 7168, 4096), ("mxfp8", 1, 7168, 2048), ("bf16", 1, 7168, 7168),
+                                      ("mxfp8", 1, 2048, 8192), ("mxfp4", 3, 7168, 3072), ("bf16", 2, 7168, 4096),
+                                      ("bf16", 1, 1024, 4096)])
+def test_8bit_gemv_tiles_as_dispatched(fa, fb, m, n, k):
+    """The 8-bit weights' sm_90 GEMV tiles (decode._FP8_GEMV_TILES: whole rows on 8 warps at one row, 16 x 1024
+    codes at 2-4 rows, the split table tile where N is short), on the shapes that pick them."""
+    a, b = _operands(fa, fb, m, n, k, seed=n + k)
+    assert jb.explain(a, b).kernel == "decode"
+    _check(a, b, jnp.float32)
+
+
 def _configs(fb, rows):
     """The compute variants (FMA only for few rows, the GEMV for <= 16), no split / ordered split 3 / atomic
     split 8, and for fp4 weights the PTX decode and the fp32 one."""

@@ -63,11 +63,13 @@ def _check(a, b, config=None, out_dtype=jnp.float32):
 
 @pytest.mark.parametrize("fb,m", [("mxfp4", 2), ("mxfp4", 5), ("mxfp4", 16), ("mxfp4", 17), ("mxfp4", 32),
                                   ("mxfp4", 33), ("mxfp4", 64), ("nvfp4", 2), ("nvfp4", 5), ("nvfp4", 16),
-                                  ("nvfp4", 17), ("nvfp4", 32), ("nvfp4", 40), ("nvfp4", 64)])
+                                  ("nvfp4", 17), ("nvfp4", 32), ("nvfp4", 40), ("nvfp4", 64),
+                                  ("mxfp8", 3), ("mxfp8", 4), ("mxfp8", 16), ("mxfp8", 17), ("mxfp8", 64),
+                                  ("mxfp8_e5m2", 5), ("mxfp8_e5m2", 33)])
 @pytest.mark.parametrize("n,k", [(7168, 4096), (1000, 1000), (64, 7168)])
 def test_as_dispatched(fb, m, n, k):
     a, b = _operands(fb, m, n, k)
-    assert jb.explain(a, b).kernel == "decode_wgmma"  # bf16 x fp4 at 2-64 rows
+    assert jb.explain(a, b).kernel == "decode_wgmma"  # bf16 x fp4 (2-64 rows) or 8-bit MX weights (3-64)
     _check(a, b)
     _check(a, b, out_dtype=jnp.bfloat16)
 

@@ -284,6 +284,24 @@ def test_gemv_default_for_few_rows_sized_for_many_programs_per_sm():
     assert decode.default_config(GemmProblem(1, False, 1, 7168, 768, "bf16", "e2m1", "bf16")).block_k == 256
 
 
+@pytest.mark.parametrize("x_kind,w_kind", [("bf16", "e4m3"), ("e4m3", "e4m3"), ("bf16", "e5m2")])
+def test_sm90_8bit_gemv_tiles(x_kind, w_kind):
+    def tile(rows, n, k):
+        c = decode.default_config(GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16"), "sm_90")
+        assert c.gemv and c.block_m == max(1, 1 << (rows - 1).bit_length())
+        return c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k
+    # one row (decode._FP8_GEMV_TILES): whole 4096-code rows where 4096 divides K, then 2048, then 16 x 1024
+    assert tile(1, 7168, 4096) == tile(1, 8192, 8192) == tile(1, 28672, 8192) == (8, 4096, 8, 2, 1)
+    assert tile(1, 7168, 2048) == tile(1, 4096, 14336) == (8, 2048, 8, 2, 1)
+    assert tile(1, 7168, 7168) == (16, 1024, 4, 3, 1)
+    # 2-4 rows: 16 x 1024 codes wherever 1024 divides K
+    assert tile(3, 7168, 4096) == tile(4, 7168, 7168) == (16, 1024, 4, 3, 1)
+    # N short of a program per SM without a K split (1024 / 8 = 128 programs): the table's split tile
+    assert tile(1, 1024, 4096) == tile(4, 2048, 4096) == (32, 256, 4, 1, 4)
+    # K that 1024 does not divide
+    assert tile(1, 7168, 1536) == (32, 256, 4, 1, 4)
+
+
 @pytest.mark.parametrize("w_kind,x_kind,rows", [("e2m1", "bf16", 1), ("nvfp4", "bf16", 1), ("e4m3", "bf16", 1),
                                                 ("block_fp8", "block_fp8", 1), ("e2m1", "e4m3", 4),
                                                 ("e3m2", "bf16", 2)])

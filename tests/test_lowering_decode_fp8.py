@@ -121,7 +121,7 @@ def test_matmul_lowers_to_this_one_kernel(fmt):
     ("e4m3", "e4m3", 2, "decode_fp8"), ("e5m2", "e4m3", 16, "decode_fp8"), ("e4m3", "e5m2", 64, "decode_fp8"),
     ("e4m3", "e4m3", 1, "decode"),    # one row: decode.py's GEMV measured faster
     ("e4m3", "e4m3", 65, "upcast"),
-    ("bf16", "e4m3", 16, "decode"),   # bf16 activations: no fp8 wgmma, decode.py decodes the weight
+    ("bf16", "e4m3", 16, "decode_wgmma"),  # bf16 activations: no fp8 wgmma, the weight decoded to bf16
     ("e2m1", "e4m3", 16, "decode"),   # fp4 activations neither
 ])
 def test_mx_dispatch(a_kind, b_kind, rows, want):

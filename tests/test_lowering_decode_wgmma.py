@@ -42,7 +42,12 @@ def _problem(m=16, n=7168, k=4096, kind="e2m1"):
     ("sm_90", "mxfp4", 33, "decode_wgmma"),   # 33-64 rows (padded to n64, the activations streamed): both fp4
     ("sm_90", "nvfp4", 64, "decode_wgmma"),
     ("sm_90", "mxfp4", 65, "upcast"),
-    ("sm_90", "mxfp8", 16, "decode"),         # 8-bit weights: measured slower here (opt-in)
+    ("sm_90", "mxfp8", 1, "decode"),          # 8-bit weights: 1-2 rows keep the GEMV ...
+    ("sm_90", "mxfp8", 2, "decode"),
+    ("sm_90", "mxfp8", 3, "decode_wgmma"),    # ... bf16 activations take 3-64 rows
+    ("sm_90", "mxfp8", 16, "decode_wgmma"),
+    ("sm_90", "mxfp8", 64, "decode_wgmma"),
+    ("sm_90", "mxfp8", 65, "upcast"),
     ("sm_100", "mxfp4", 16, "decode"),        # wgmma is Hopper's
 ])
 def test_dispatch(target, fb, rows, want):
@@ -57,7 +62,8 @@ def test_dispatch(target, fb, rows, want):
     ("e2m1", "e2m1", 8, "decode_wgmma"), ("e4m3", "e2m1", 1, "decode"),
     ("e4m3", "e2m1", 16, "decode_wgmma"), ("nvfp4", "nvfp4", 16, "decode_wgmma"),
     ("nvfp4", "nvfp4", 32, "decode_wgmma"), ("nvfp4", "nvfp4", 33, "upcast"),  # its activations' decode: slower
-    ("e4m3", "e4m3", 16, "decode_fp8"), ("bf16", "e5m2", 8, "decode"),   # 8-bit weights: opt-in here
+    ("e4m3", "e4m3", 16, "decode_fp8"), ("e2m1", "e5m2", 8, "decode"),   # quantized x 8-bit: opt-in here
+    ("bf16", "e5m2", 8, "decode_wgmma"), ("bf16", "e5m2", 33, "decode_wgmma"),  # bf16 x 8-bit: 3-64 rows
     ("e4m3", "e4m3", 1, "decode"),    # (8-bit MX on both sides takes decode_fp8 from 2 rows)
 ])
 def test_dispatch_quantized_activations(fa, fb, rows, want):

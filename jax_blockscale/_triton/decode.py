@@ -539,6 +539,31 @@ _FP4_GEMV_TILES = (
 )
 
 
+# The 8-bit (mxfp8 e4m3 / e5m2) GEMV's tile (H100, 2026-11-25, CUPTI kernel time, bf16 and mxfp8 activations,
+# benchmarks/results/mxfp8_weights_dispatch_h100_2026-11-25_session35.md): (block_n, block_k, num_warps,
+# num_stages), no K split, where N leaves a program per SM. One row: whole 4096-code rows (or half rows at K = 8192)
+# on 8 warps where 4096 divides K, 2048-code rows where 2048 does, else 16 rows x 1024 codes: 7168 x 4096 13.85 ->
+# 12.35 us, 7168 x 2048 8.70 -> 7.10, 7168 x 7168 21.58 -> 20.48, 8192 x 8192 27.06 -> 25.33, 28672 x 8192
+# 87.80 -> 79.92 (88-97% of a same-size read, against the old tile's 73-88%; 1.90-2.41x XLA's bf16 dot).
+# 2-4 rows: 16 rows x 1024 codes on 4 warps, 1.04-1.73x the old tile at 4 rows (same run). Dispatch sends it
+# bf16 activations at 2 rows (7168 x 4096 17.75 -> 14.28 us across runs; 1.41-1.91x XLA's bf16 dot in the later
+# one) and fp4 ones at 2-4; 8-bit ones take decode_fp8 and bf16 ones from 3 rows decode_wgmma.
+_FP8_GEMV_TILES = (
+    (lambda rows, k: rows == 1 and k % 4096 == 0, (8, 4096, 8, 2)),
+    (lambda rows, k: rows == 1 and k % 2048 == 0, (8, 2048, 8, 2)),
+    (lambda rows, k: k % 1024 == 0, (16, 1024, 4, 3)),
+)
+
+
+def _fp8_gemv_tile(rows: int, n: int, k: int) -> dict:
+    """TileConfig fields of the 8-bit GEMV's tile for `rows` x (N, K) on sm_90 (`_FP8_GEMV_TILES`), or {} for
+    the table's default (K split 4 ways, for N too short to fill the SMs without one)."""
+    for applies, (block_n, block_k, warps, stages) in _FP8_GEMV_TILES:
+        if applies(rows, k) and n // block_n >= _TYPICAL_SM_COUNT:
+            return dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages, split_k=1)
+    return {}
+
+
 def _fp4_gemv_tile(n: int, k: int) -> dict:
     """TileConfig fields of the fp4 GEMV's tile for (N, K) on sm_90 (`_FP4_GEMV_TILES`), or {} for the
     table's default."""
@@ -557,6 +582,8 @@ def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
     if gemv:
         if p.b_kind in ("e2m1", NVFP4):
             fields.update(_fp4_gemv_tile(p.n, p.k))
+        else:
+            fields.update(_fp8_gemv_tile(rows, p.n, p.k))
         # K not a multiple of the tuned block_k (K = 7168 = 7 * 1024): the same tile bytes as more, shorter
         # rows. Without this, K = 7168 fell to the heuristic config at 44% of a same-size read (H100,
         # 2026-11-22, mxfp4 N=7168: 23.6 us against 10.4; `block_k` 1024 with 16 rows kept 69% at K = 4096).

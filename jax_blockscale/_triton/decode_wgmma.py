@@ -4,8 +4,9 @@ Weights mxfp4, nvfp4 or mxfp8 (e4m3 / e5m2) w (N, K) at 2-64 activation rows, wi
 ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per matmul: a serving step, where
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
 activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-64, nvfp4 x nvfp4 at
-2-32 and, from K = 7168, 33-64. mxfp8 weights are opt-in (measured slower than decode.py: 8-bit
-codes double the bytes per element, and their decode keeps the kernel issue-bound).
+2-32 and, from K = 7168, 33-64; and bf16 activations x mxfp8 weights (e4m3, e5m2) at 3-64 rows. Quantized
+activations x mxfp8 weights are opt-in: 8-bit MX on both sides measured 0.90-1.20x decode_fp8, which keeps
+them; fp4 activations x mxfp8 weights are not measured.
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
 MMA): its FMAs grow with the rows (the GEMV at 4 rows ran at 32% of a same-size read on an H100), and in
