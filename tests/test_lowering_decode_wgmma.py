@@ -127,6 +127,20 @@ def test_default_config_streams_the_activations_at_64_rows(rows, n, k, split):
     dw.check_config(p, cfg.replace(split_k=1))
 
 
+@pytest.mark.parametrize("kind", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("rows,n,k,stages,split", [
+    (4, 7168, 2048, 3, 1), (16, 7168, 4096, 3, 1), (3, 1000, 1024, 3, 1),  # K <= 4096, <= 132 tiles: 3 stages
+    (16, 7168, 7168, 2, 2), (4, 8192, 8192, 2, 2),    # larger K: fp4's 2 stages and 2 splits
+    (16, 28672, 4096, 2, 2),                          # 448 tiles: likewise
+    (17, 7168, 4096, 2, 2),                           # 32 padded rows: likewise
+])
+def test_default_config_8bit_weights(kind, rows, n, k, stages, split):
+    p = _problem(m=rows, n=n, k=k, kind=kind)
+    cfg = dw.default_config(p)
+    assert (cfg.block_k, cfg.num_stages, cfg.split_k) == (256, stages, split)
+    dw.check_config(p, cfg)
+
+
 @pytest.mark.parametrize("changes,match", [
     (dict(block_m=8), "pads the activation rows"), (dict(block_n=128), "weight rows per warp"),
     (dict(block_k=1024), "block_k"), (dict(split_k=3), "multiple of block_k"), (dict(num_stages=1), "num_stages"),

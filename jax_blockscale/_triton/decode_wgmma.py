@@ -88,7 +88,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import launch as scratch
 from .block_fp8 import OUT_DTYPES, check_operands
 from .decode import _FP4_FOLDED_PTX, _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
-from .problem import NVFP4, GemmProblem, TileConfig
+from .problem import HOPPER_SMS, NVFP4, GemmProblem, TileConfig
 
 # Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
 # weight's scale family (MX 8-bit or fp4 with an MX weight, nvfp4 with nvfp4), decoded once per program.
@@ -448,6 +448,13 @@ _MIN_CHUNKS = 2
 # 146) and the least K for `_SPLIT` splits (`_MIN_CHUNKS` chunks each at 2-32 rows; at 64 one split beat two at
 # K = 2048).
 _CHUNK_AND_SPLIT_K = {16: (256, _SPLIT * _MIN_CHUNKS * 256), 32: (256, _SPLIT * _MIN_CHUNKS * 256), 64: (128, 4096)}
+# 8-bit weights at 16 padded rows, K <= 4096 and at most one 64-row tile per SM: one program per tile through a
+# 3-chunk ring (256 codes are 256 bytes a row, twice fp4's). H100, 2026-11-25, bf16 x mxfp8, interleaved rounds
+# at 4 / 16 rows (benchmarks/results/mxfp8_weights_dispatch_h100_2026-11-25_session35.md, runs 4-5): against 2
+# stages and 2 splits, 7168 x 2048 8.70 / 8.96 against 9.56 / 10.21 us, 7168 x 4096 14.74 / 15.46 against
+# 14.98 / 15.95. Not elsewhere: at K = 7168 and 8192 (2 splits) 3 stages ran 0.99-1.04x, and at 28672 x 8192
+# (448 tiles) 0.91-0.97x.
+_8BIT_STAGES, _8BIT_MAX_K = 3, 4096
 
 
 def check_rows_and_k_steps(p: GemmProblem, config: TileConfig, kernel: str, block_ms: tuple[int, ...],
@@ -487,13 +494,17 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     """64 weight rows (4 warps) through a 2-chunk ring, the activations padded to 16, 32 or 64 rows: `_SPLIT`
     K splits where K gives each `_MIN_CHUNKS` chunks (64 rows: K >= 4096), else one; 256-code chunks (128 at
-    64 rows, or where K is no multiple of 256). Deterministic split-K."""
+    64 rows, or where K is no multiple of 256). 8-bit weights at 16 padded rows up to K = 4096, where N has at
+    most one tile per SM: a 3-chunk ring, one split. Deterministic split-K."""
     del target
     block_m = next(b for b in BLOCK_MS if b >= p.batch * p.m)
     largest_chunk, min_k = _CHUNK_AND_SPLIT_K[block_m]
     chunk = min(256 if p.k % 256 == 0 else 128, largest_chunk)
     split = _SPLIT if p.k >= min_k and p.k % (chunk * _SPLIT) == 0 else 1
-    return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=2,
+    stages = 2
+    if p.b_kind in ("e4m3", "e5m2") and block_m == 16 and p.k <= _8BIT_MAX_K and triton.cdiv(p.n, 64) <= HOPPER_SMS:
+        stages, split = _8BIT_STAGES, 1
+    return TileConfig(block_m=block_m, block_n=64, block_k=chunk, group_m=1, num_warps=4, num_stages=stages,
                       split_k=split, kernel="decode_wgmma")
 
 
