@@ -200,8 +200,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
                     "conversion", max_rows=32, named_configs_only=True,
                     opt_in="against decode_fp8 (below) for mxfp8 x mxfp8 on an H100 (2026-11-25, kernel time, 2-64 "
-                           "rows, the 5 issue shapes) 0.90-1.20x: faster at 7168 x 7168 and 8192 x 8192, slower at "
-                           "7168 x 2048 and at 8-16 rows of 28672 x 8192, so the fp8 wgmma kernel keeps them"),
+                           "rows, the 5 issue shapes, before and after its 3-stage ring at K <= 4096) 0.90-1.21x: "
+                           "faster at 7168 x 7168 and 8192 x 8192, level or slower at K <= 4096 and at 8-16 rows of "
+                           "28672 x 8192, so the fp8 wgmma kernel keeps them"),
         KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
         KernelEntry("decode_fp8", _MX8_PAIRS, "native", _DECODE_FP8_MX_WHY, max_rows=64, min_rows=2,
                     max_staged_scales=MX8_STAGED_SCALES, named_configs_only=True),
