@@ -75,7 +75,7 @@ _DECODE_WGMMA_PAIRS = frozenset({("bf16", "e2m1"), ("bf16", NVFP4)})
 _DECODE_WGMMA_QUANTIZED_X = frozenset({(x, "e2m1") for x in ("e4m3", "e5m2", "e2m1")} | {(NVFP4, NVFP4)})
 # Quantized activations it takes at 33-64 rows too (padded to 64): 8-bit MX x mxfp4.
 _DECODE_WGMMA_MX8_X = frozenset({("e4m3", "e2m1"), ("e5m2", "e2m1")})
-# bf16 activations x 8-bit MX weights (mxfp8 e4m3 / e5m2) at 2-64 rows.
+# bf16 activations x 8-bit MX weights (mxfp8 e4m3 / e5m2) at 3-64 rows.
 _DECODE_WGMMA_BF16_8BIT = frozenset({("bf16", w) for w in ("e4m3", "e5m2")})
 # What else it takes (decode_wgmma.SUPPORTED): quantized activations x 8-bit weights (opt-in below).
 _DECODE_WGMMA_8BIT = frozenset({(x, w) for x in ("e4m3", "e5m2", "e2m1") for w in ("e4m3", "e5m2")})
@@ -194,7 +194,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         # 2 rows (its FMAs grow with the rows; 3 rows, not timed, lie between). Session 15's opt-in (16 rows, 13.55
         # vs 10.44 us at 7168 x 2048) predates the 2-split default: 10.29 vs 10.49 now.
         KernelEntry("decode_wgmma", _DECODE_WGMMA_BF16_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "
-                    "conversion; 1.37-1.79x XLA's bf16 dot at 4-16 rows, 1.12-1.74x at 32-64, 1.02-1.60x the kernels "
+                    "conversion; 1.53-1.80x XLA's bf16 dot at 4-16 rows, 1.12-1.74x at 32-64, 1.02-1.60x the kernels "
                     "that ran here before (the GEMV re-tiled) on an H100 (2026-11-25)",
                     max_rows=64, min_rows=3, named_configs_only=True),
         KernelEntry("decode_wgmma", _DECODE_WGMMA_8BIT, "upcast", _DECODE_WGMMA_WHY + "8-bit weights by hardware "

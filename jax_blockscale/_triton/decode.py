@@ -544,7 +544,7 @@ _FP4_GEMV_TILES = (
 # num_stages), no K split, where N leaves a program per SM. One row: whole 4096-code rows (or half rows at K = 8192)
 # on 8 warps where 4096 divides K, 2048-code rows where 2048 does, else 16 rows x 1024 codes: 7168 x 4096 13.85 ->
 # 12.35 us, 7168 x 2048 8.70 -> 7.10, 7168 x 7168 21.58 -> 20.48, 8192 x 8192 27.06 -> 25.33, 28672 x 8192
-# 87.80 -> 79.92 (88-97% of a same-size read, against the old tile's 73-88%; 1.90-2.41x XLA's bf16 dot).
+# 87.80 -> 79.92 (89-97% of a same-size read, against the old tile's 73-88%; 1.90-2.41x XLA's bf16 dot).
 # 2-4 rows: 16 rows x 1024 codes on 4 warps, 1.04-1.73x the old tile at 4 rows (same run). Dispatch sends it
 # bf16 activations at 2 rows (7168 x 4096 17.75 -> 14.28 us across runs; 1.41-1.91x XLA's bf16 dot in the later
 # one) and fp4 ones at 2-4; 8-bit ones take decode_fp8 and bf16 ones from 3 rows decode_wgmma.

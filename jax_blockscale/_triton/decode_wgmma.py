@@ -5,7 +5,7 @@ ones of the weight's scale family (MX with MX, nvfp4 with nvfp4), one kernel per
 the matmul streams the weight once. Dispatch (backends.KERNEL_TABLE) sends it fp4 weights: bf16 or MX
 activations x mxfp4 at 2-64 rows (fp4 ones at 2-32), bf16 activations x nvfp4 at 2-64, nvfp4 x nvfp4 at
 2-32 and, from K = 7168, 33-64; and bf16 activations x mxfp8 weights (e4m3, e5m2) at 3-64 rows. Quantized
-activations x mxfp8 weights are opt-in: 8-bit MX on both sides measured 0.90-1.20x decode_fp8, which keeps
+activations x mxfp8 weights are opt-in: 8-bit MX on both sides measured 0.90-1.21x decode_fp8, which keeps
 them; fp4 activations x mxfp8 weights are not measured.
 
 Why another decode kernel (`decode.py` keeps the CUDA-core GEMV, fastest at one row, and the Triton swapped
