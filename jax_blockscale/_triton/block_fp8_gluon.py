@@ -77,6 +77,18 @@ MAX_REGISTERS = 168
 CONSUMER_REGISTERS = gl.constexpr(224)
 LOADER_REGISTERS = gl.constexpr(56)
 SMEM_BYTES = HOPPER_SMEM_BYTES
+# Named barriers (bar.arrive / bar.sync: an ID and a thread count, no shared memory) order the partitions
+# where mbarriers did: the consumers' turns (TURN_BARRIERS[wg]: the other consumer has issued its step) and a
+# stage's release (EMPTY_BARRIER0 + s: both consumers have read stage s; the loader waits for it before
+# refilling). Why not mbarriers: Triton 3.6's membar analysis counts an mbarrier arrive as a write to shared
+# memory and puts a bar.sync of the consumer's warp group before each one and before the next shared-memory
+# read after it: four per K step and consumer (PTX, sm_90a). An arrive by every thread needs no such barrier.
+# IDs 0-2 are Triton's (each partition's bar.sync and the warp_specialize start / end); 16 exist.
+EMPTY_BARRIER0 = gl.constexpr(8)
+TURN_BARRIER0 = gl.constexpr(14)  # consumer wg waits on TURN_BARRIER0 + wg
+MAX_STAGES = 6  # EMPTY_BARRIER0 + MAX_STAGES - 1 stays below the turn barriers
+CONSUMER_THREADS = gl.constexpr(128)
+LOADER_THREADS = gl.constexpr(32)
 
 
 @gluon.constexpr_function
@@ -105,6 +117,50 @@ def _light_k_blocks(block_n: int, light: int) -> int:
     """K blocks per stage of a light tile: 2 where a stage's 256-row weight buffer holds a second block's 128
     activation rows and 64 weight rows beside the first's 64 weight rows (`_light_buffer`), else 1."""
     return 2 if block_n == 2 * SUBTILE_COLUMNS and light == 64 else 1
+
+
+@gluon.jit
+def _named_barrier(barrier_id, threads: gl.constexpr, ARRIVE: gl.constexpr, WARPS: gl.constexpr):
+    """bar.arrive (ARRIVE: signal and go on) or bar.sync (signal and wait) on named barrier `barrier_id` (a
+    uniform int32) that completes when `threads` threads have signalled; every thread of the calling partition
+    (WARPS warps) takes part. bar.sync orders the memory accesses of the threads it waits for before the
+    caller's next ones (PTX ISA, "bar, barrier"). No shared memory is touched, so Triton's membar analysis
+    adds no bar.sync around it."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    ids = gl.full([1], 0, gl.int32, layout) + barrier_id
+    counts = gl.full([1], threads, gl.int32, layout)
+    if ARRIVE:
+        gl.inline_asm_elementwise("bar.arrive $1, $2;\n mov.u32 $0, 0;", "=r,r,r", [ids, counts], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.sync $1, $2;\n mov.u32 $0, 0;", "=r,r,r", [ids, counts], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _take_turn(WG: gl.constexpr):
+    """Consumer WG waits until the other consumer has issued its wgmma of the previous step (for consumer 0's
+    first step: `_consumer`'s opening arrival of consumer 1)."""
+    _named_barrier(TURN_BARRIER0 + WG, 2 * CONSUMER_THREADS, False, 4)
+
+
+@gluon.jit
+def _pass_turn(WG: gl.constexpr):
+    """Consumer WG has issued its step: the other consumer may issue."""
+    _named_barrier(TURN_BARRIER0 + 1 - WG, 2 * CONSUMER_THREADS, True, 4)
+
+
+@gluon.jit
+def _release(s):
+    """A consumer has read stage s (its wgmma waited for): one of the two consumers' arrivals the loader's
+    `_wait_released` needs."""
+    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, True, 4)
+
+
+@gluon.jit
+def _wait_released(s):
+    """The loader waits until both consumers released stage s."""
+    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, False, 1)
 
 
 @gluon.jit
@@ -171,7 +227,7 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
     one signature: the consumer's, whose arguments this one mostly ignores.)"""
     a_desc, b_desc, _, light_desc = descs
     a_bufs, b_bufs, _ = bufs
-    ready, empty, _ = bars
+    ready = bars
     SCALE_K: gl.constexpr = K // 128
     step = 0
     full = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -179,8 +235,8 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         for kb in range(SCALE_K):
             s = step % STAGES
-            # A fresh mbarrier counts as having completed the phase before 0: the first pass waits for nothing.
-            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+            if step >= STAGES:  # the first pass over the stages waits for nothing
+                _wait_released(s)
             bar = ready.index(s)
             mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar, a_bufs.index(s))  # zero past M, K
@@ -196,6 +252,9 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
             if SCALE_K % LIGHT_KB != 0:  # an odd K block count: the last step holds one
                 _light_load(step, row, col, SCALE_K - 1, 1, a_desc, light_desc, bufs, bars, STAGES, LIGHT_N)
                 step += 1
+    # The consumers' last releases: every arrival on a named barrier is waited for before the program ends.
+    for i in range(gl.maximum(step - STAGES, 0), step):
+        _wait_released(i % STAGES)
 
 
 @gluon.jit
@@ -204,9 +263,10 @@ def _light_load(step, row, col, kb, KB: gl.constexpr, a_desc, light_desc, bufs, 
     """The loader's step of a light tile: K blocks kb .. kb + KB - 1 of its activation rows and live weight
     rows into stage step % STAGES (`_light_buffer`), once both consumers have released it."""
     a_bufs, b_bufs, _ = bufs
-    ready, empty, _ = bars
+    ready = bars
     s = step % STAGES
-    mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+    if step >= STAGES:
+        _wait_released(s)
     bar = ready.index(s)
     mbarrier.expect(bar, KB * (a_desc.block_type.nbytes + light_desc.block_type.nbytes))
     for j in gl.static_range(KB):
@@ -295,7 +355,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     not live yet while the previous tile's outputs are.
     Returns the accumulators, the partial and the next K block's scales."""
     a_bufs, b_bufs, c_bufs = bufs
-    ready, empty, turn = bars
+    ready = bars
     SCALE_K: gl.constexpr = K // 128
     ROWS: gl.constexpr = BLOCK_M // 2
     SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N
@@ -304,9 +364,9 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
     b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
     # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
-    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    _take_turn(WG)
     partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - WG), count=1)
+    _pass_turn(WG)
     # The next K block's scales load while the wgmma runs (the last block reloads its own).
     nk = gl.minimum(kb + 1, SCALE_K - 1)
     next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
@@ -328,14 +388,14 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
             _previous_tile_subtile(out1, t, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
                                    NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
-        mbarrier.arrive(empty.index(s), count=1)  # both consumers' arrivals free the stage
+        _release(s)  # both consumers' releases free the stage
         if FIRST:
             acc1 = _settled(partial * (a_s * b_s1)[:, None])
         else:
             acc1 = _settled(acc1 + partial * (a_s * b_s1)[:, None])
     else:
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, a_tile, b_tile))[0]
-        mbarrier.arrive(empty.index(s), count=1)
+        _release(s)
         if FIRST:
             acc0 = _settled(partial * (a_s * b_s0)[:, None])
         else:
@@ -373,7 +433,7 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
     with their scales (a_s0, b_s0; a_s1, b_s1). Returns the accumulator, the partials and the next stage's
     scales, which load while this stage's wgmma run."""
     a_bufs, b_bufs, _ = bufs
-    ready, empty, turn = bars
+    ready = bars
     ROWS: gl.constexpr = 64
     s = step % STAGES
     mbarrier.wait(ready.index(s), (step // STAGES) & 1)
@@ -381,13 +441,13 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
     b0 = _light_buffer(a_bufs, b_bufs, s, 0, 1, LIGHT_N, LIGHT_N).permute((1, 0))
     a1 = a0
     b1 = b0
-    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    _take_turn(WG)
     partial0 = warpgroup_mma(a0, b0, partial0, use_acc=False, is_async=True)
     if KB == 2:
         a1 = _light_buffer(a_bufs, b_bufs, s, 1, 0, 128, LIGHT_N).slice(WG * ROWS, ROWS, dim=0)
         b1 = _light_buffer(a_bufs, b_bufs, s, 1, 1, LIGHT_N, LIGHT_N).permute((1, 0))
         partial1 = warpgroup_mma(a1, b1, partial1, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - WG), count=1)
+    _pass_turn(WG)
     n0 = gl.minimum(kb + KB, SCALE_K - 1)
     next_a_s0 = gl.load(a_s_ptrs + n0, mask=row_ok, other=0.0)
     next_b_s0 = gl.load(b_s_ptr + n0)
@@ -400,7 +460,7 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
         partial0, partial1 = warpgroup_mma_wait(num_outstanding=0, deps=(partial0, partial1, a0, b0, a1, b1))[:2]
     else:
         partial0 = warpgroup_mma_wait(num_outstanding=0, deps=(partial0, a0, b0))[0]
-    mbarrier.arrive(empty.index(s), count=1)
+    _release(s)
     if KB == 2:
         acc = _settled(acc + partial0 * (a_s0 * b_s0)[:, None] + partial1 * (a_s1 * b_s1)[:, None])
     else:
@@ -483,6 +543,8 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     out0 = partial.to(out_ptr.dtype.element_ty)
     out1 = out0
     tiles = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
+    if WG == 1:  # consumer 0 issues first
+        _pass_turn(1)
     step = 0
     for t in range(tiles):
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -520,6 +582,8 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     if LIGHT_N > 0:
         _light_tiles(step, tiles, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS), bufs, bars, ptrs, M, N, K,
                      BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N)
+    if WG == 0:  # consumer 1's arrival after its last step: every named-barrier arrival is waited for
+        _take_turn(0)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -560,10 +624,9 @@ def block_fp8_gluon_kernel(
     b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K], b_layout)
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_layout)
-    ready, empty = stage_barriers(STAGES)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, SUBTILE_N], out_ptr.dtype.element_ty)
     if TMA_STORE and TRANS_OUT:
         c_layout_t: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SUBTILE_N, ROWS], out_ptr.dtype.element_ty)
@@ -581,7 +644,7 @@ def block_fp8_gluon_kernel(
         light_desc = b_desc
     descs = (a_desc, b_desc, out_desc, light_desc)
     bufs = (a_bufs, b_bufs, c_bufs)
-    bars = (ready, empty, turn)
+    bars = ready  # the stages' TMA completion; the partitions' other orderings are named barriers
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
