@@ -110,6 +110,28 @@ def _k_loop_blocks(ptx: str) -> dict[str, str]:
     return loops
 
 
+@pytest.mark.parametrize("n", [8192, 2112])  # 2112: the light tiles' loop too
+def test_stages_are_released_by_named_barriers(n):
+    """A consumer releases a stage with bar.arrive on named barrier EMPTY_BARRIER0 + s (all its 128 threads),
+    the loader waits for the 2 x 128 + 32 threads with bar.sync, and the consumers' K loops keep one mbarrier
+    arrive (the turn) and at most two of the warp group's own bar.sync per K step (an mbarrier release had
+    two more). The named IDs lie above every ID Triton uses itself and below 16."""
+    ptx = assembly(_compile(n=n, k=4096))
+    # each loop's text up to its back edge (`_k_loop_blocks` may run on past it)
+    k_loops = [body[:body.index(f"bra \t{header};")] for header, body in _k_loop_blocks(ptx).items()
+               if "wgmma.mma_async" in body]
+    assert k_loops
+    for body in k_loops:
+        assert len(re.findall(r"\bbar\.arrive\s+%r\d+, %r\d+;", body)) >= 1
+        assert len(re.findall(r"mbarrier\.arrive", body)) == 1
+        wgmma = len(re.findall(r"wgmma\.commit_group", body))
+        assert len(re.findall(r"\bbar\.sync\s+\d+, 128;", body)) <= wgmma
+    threads = {m.group(1) for m in re.finditer(r"mov\.b32\s+(%r\d+), 288;", ptx)}
+    assert threads and any(re.search(rf"\bbar\.sync\s+%r\d+, {re.escape(r)};", ptx) for r in threads)
+    triton_ids = {int(i) for i in re.findall(r"\b(?:bar|barrier)\.sync\s+(\d+)", ptx)}
+    assert max(triton_ids) < bg.EMPTY_BARRIER0.value and bg.EMPTY_BARRIER0.value + bg.MAX_STAGES - 1 <= 15
+
+
 def test_float32_output_does_not_spill(tmp_path):
     """The previous tile's outputs stay in registers through the next tile's first K step: as fp32 (64 + 64
     per consumer thread, one output buffer) they still fit beside the partial without spilling."""
@@ -160,6 +182,7 @@ def test_epilogue_waits_only_for_the_buffer_it_reuses(stages, buffers):
     (BIG, dict(num_warps=8), "4-warp consumers"),
     (BIG, dict(num_stages=1), "num_stages"),
     (BIG, dict(num_stages=5), "shared memory"),
+    (BIG, dict(block_n=128, num_stages=9), "at most 8 stages"),
     (BIG, dict(max_registers=128), "register split"),
     (BIG, dict(num_sms=0), "num_sms"),
     (GemmProblem(2, True, 256, 256, 256, "block_fp8", "block_fp8", "bf16"), {}, "unbatched weight"),

@@ -10,7 +10,8 @@ kept in flight across the promotion made ptxas serialize every wgmma (C7514/C751
 copied while pending; 0.51x). Gluon's explicit `warp_specialize` gives the DeepGEMM structure instead:
 
     loader    (1 warp)   TMA: a (BLOCK_M x 128) and b (BLOCK_N x 128) e4m3 tiles into STAGES stages, running
-                         ahead over this program's tiles; a stage is refilled when both consumers released it.
+                         ahead over this program's tiles; a stage is refilled when both consumers released it
+                         (a named barrier per stage: `_release`, `EMPTY_BARRIER0`).
     consumer 0 (4 warps) rows 0-63 of the tile   } per K block and 128-column subtile: wgmma into a fresh
     consumer 1 (4 warps) rows 64-127 of the tile } partial, wait for it, promote it with the block's scales.
 
@@ -38,6 +39,9 @@ cuBLAS blockwise geomean over the issue-#13 shapes, and after it at 0.952x (2026
 7 of 8 shapes). Earlier single-pass measurements (0.96-1.01x) were biased by that drift: in those rounds
 the first pass read up to 0.13x more than the median of the later ones on most shapes. The persistent Triton
 kernel ran at 0.70-0.75x in the same single-pass runs as the older figures.
+Stage releases by named barrier instead of mbarrier (session 36, 2026-12-02, H200, same method, 4 rounds):
+1.02-1.04x faster on 8192^3, 4096 x 7168 x 16384 and 2048 x 4096 x 7168 (0.951x, 0.989x, 0.948x of cuBLAS
+blockwise against 0.935x, 0.955x, 0.912x); see `EMPTY_BARRIER0`.
 
 Layouts: a (M, K) e4m3 and b (N, K) e4m3 read through TMA descriptors built in the kernel (global scratch,
 `launch.scratch_call`); a's scales (M, K/128) and b's (ceil(N/128), K/128) fp32 as the contract gives them,
@@ -77,16 +81,18 @@ MAX_REGISTERS = 168
 CONSUMER_REGISTERS = gl.constexpr(224)
 LOADER_REGISTERS = gl.constexpr(56)
 SMEM_BYTES = HOPPER_SMEM_BYTES
-# Named barriers (bar.arrive / bar.sync: an ID and a thread count, no shared memory) order the partitions
-# where mbarriers did: the consumers' turns (TURN_BARRIERS[wg]: the other consumer has issued its step) and a
-# stage's release (EMPTY_BARRIER0 + s: both consumers have read stage s; the loader waits for it before
-# refilling). Why not mbarriers: Triton 3.6's membar analysis counts an mbarrier arrive as a write to shared
-# memory and puts a bar.sync of the consumer's warp group before each one and before the next shared-memory
-# read after it: four per K step and consumer (PTX, sm_90a). An arrive by every thread needs no such barrier.
-# IDs 0-2 are Triton's (each partition's bar.sync and the warp_specialize start / end); 16 exist.
+# A stage's release (both consumers have read stage s; the loader waits for it before refilling) is named
+# barrier EMPTY_BARRIER0 + s (bar.arrive by every consumer thread, bar.sync by the loader warp), not an
+# mbarrier. Why: Triton 3.6's membar analysis counts an mbarrier arrive as a write to shared memory, so each
+# one got a bar.sync of the consumer's warp group before it and another before the next shared-memory read
+# (4 per K step and consumer with the turns' arrives, 2 now; PTX, sm_90a); a named barrier touches no shared
+# memory. The consumers' turns stay mbarriers: as named barriers too they ran 5-7% slower at K >= 8192.
+# H200, 2026-12-02, kernel time against cuBLAS blockwise, 4 interleaved rounds, median ratios: 8192^3 0.935x
+# -> 0.951x, 4096 x 7168 x 16384 0.955x -> 0.989x, 2048 x 4096 x 7168 0.912x -> 0.948x
+# (benchmarks/results/block_fp8_sync_h200_2026-12-02_session36.md).
+# IDs 0-2 are Triton's (the partitions' own bar.sync and warp_specialize's start / end); 16 exist.
 EMPTY_BARRIER0 = gl.constexpr(8)
-TURN_BARRIER0 = gl.constexpr(14)  # consumer wg waits on TURN_BARRIER0 + wg
-MAX_STAGES = 6  # EMPTY_BARRIER0 + MAX_STAGES - 1 stays below the turn barriers
+MAX_STAGES = 8  # IDs 8-15
 CONSUMER_THREADS = gl.constexpr(128)
 LOADER_THREADS = gl.constexpr(32)
 
@@ -138,22 +144,11 @@ def _named_barrier(barrier_id, threads: gl.constexpr, ARRIVE: gl.constexpr, WARP
 
 
 @gluon.jit
-def _take_turn(WG: gl.constexpr):
-    """Consumer WG waits until the other consumer has issued its wgmma of the previous step (for consumer 0's
-    first step: `_consumer`'s opening arrival of consumer 1)."""
-    _named_barrier(TURN_BARRIER0 + WG, 2 * CONSUMER_THREADS, False, 4)
-
-
-@gluon.jit
-def _pass_turn(WG: gl.constexpr):
-    """Consumer WG has issued its step: the other consumer may issue."""
-    _named_barrier(TURN_BARRIER0 + 1 - WG, 2 * CONSUMER_THREADS, True, 4)
-
-
-@gluon.jit
 def _release(s):
-    """A consumer has read stage s (its wgmma waited for): one of the two consumers' arrivals the loader's
-    `_wait_released` needs."""
+    """A consumer has read stage s (its wgmma waited for): its 128 threads' share of the arrivals the loader's
+    `_wait_released` needs. Every arrival is waited for: the loader waits for stage s again only after
+    refilling it, which the consumers' next release of s needs first, so no barrier generation ever
+    collects two steps' releases; and the loader waits for the last STAGES releases before it ends."""
     _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, True, 4)
 
 
@@ -227,7 +222,7 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
     one signature: the consumer's, whose arguments this one mostly ignores.)"""
     a_desc, b_desc, _, light_desc = descs
     a_bufs, b_bufs, _ = bufs
-    ready = bars
+    ready, _ = bars
     SCALE_K: gl.constexpr = K // 128
     step = 0
     full = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -263,7 +258,7 @@ def _light_load(step, row, col, kb, KB: gl.constexpr, a_desc, light_desc, bufs, 
     """The loader's step of a light tile: K blocks kb .. kb + KB - 1 of its activation rows and live weight
     rows into stage step % STAGES (`_light_buffer`), once both consumers have released it."""
     a_bufs, b_bufs, _ = bufs
-    ready = bars
+    ready, _ = bars
     s = step % STAGES
     if step >= STAGES:
         _wait_released(s)
@@ -355,7 +350,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     not live yet while the previous tile's outputs are.
     Returns the accumulators, the partial and the next K block's scales."""
     a_bufs, b_bufs, c_bufs = bufs
-    ready = bars
+    ready, turn = bars
     SCALE_K: gl.constexpr = K // 128
     ROWS: gl.constexpr = BLOCK_M // 2
     SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N
@@ -364,9 +359,9 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
     b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
     # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
-    _take_turn(WG)
+    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
     partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-    _pass_turn(WG)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
     # The next K block's scales load while the wgmma runs (the last block reloads its own).
     nk = gl.minimum(kb + 1, SCALE_K - 1)
     next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
@@ -433,7 +428,7 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
     with their scales (a_s0, b_s0; a_s1, b_s1). Returns the accumulator, the partials and the next stage's
     scales, which load while this stage's wgmma run."""
     a_bufs, b_bufs, _ = bufs
-    ready = bars
+    ready, turn = bars
     ROWS: gl.constexpr = 64
     s = step % STAGES
     mbarrier.wait(ready.index(s), (step // STAGES) & 1)
@@ -441,13 +436,13 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
     b0 = _light_buffer(a_bufs, b_bufs, s, 0, 1, LIGHT_N, LIGHT_N).permute((1, 0))
     a1 = a0
     b1 = b0
-    _take_turn(WG)
+    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
     partial0 = warpgroup_mma(a0, b0, partial0, use_acc=False, is_async=True)
     if KB == 2:
         a1 = _light_buffer(a_bufs, b_bufs, s, 1, 0, 128, LIGHT_N).slice(WG * ROWS, ROWS, dim=0)
         b1 = _light_buffer(a_bufs, b_bufs, s, 1, 1, LIGHT_N, LIGHT_N).permute((1, 0))
         partial1 = warpgroup_mma(a1, b1, partial1, use_acc=False, is_async=True)
-    _pass_turn(WG)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
     n0 = gl.minimum(kb + KB, SCALE_K - 1)
     next_a_s0 = gl.load(a_s_ptrs + n0, mask=row_ok, other=0.0)
     next_b_s0 = gl.load(b_s_ptr + n0)
@@ -543,8 +538,6 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     out0 = partial.to(out_ptr.dtype.element_ty)
     out1 = out0
     tiles = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
-    if WG == 1:  # consumer 0 issues first
-        _pass_turn(1)
     step = 0
     for t in range(tiles):
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -582,17 +575,16 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     if LIGHT_N > 0:
         _light_tiles(step, tiles, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS), bufs, bars, ptrs, M, N, K,
                      BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N)
-    if WG == 0:  # consumer 1's arrival after its last step: every named-barrier arrival is waited for
-        _take_turn(0)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def stage_barriers(STAGES: gl.constexpr):
-    """The stage ring's mbarriers of a warp-specialized GEMM with one TMA loader and two consumers (here and
-    mx_gluon.py): ready[s], completed by stage s's TMA bytes after the loader's expect; empty[s], by one
-    arrival of each consumer once it has read the stage."""
+    """The stage ring's mbarriers of a warp-specialized GEMM with one TMA loader and two consumers (mx_gluon.py;
+    this module's kernel keeps `ready` and releases its stages by named barrier, see `EMPTY_BARRIER0`): ready[s],
+    completed by stage s's TMA bytes after the loader's expect; empty[s], by one arrival of each consumer
+    once it has read the stage."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -627,6 +619,9 @@ def block_fp8_gluon_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
     c_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, SUBTILE_N], out_ptr.dtype.element_ty)
     if TMA_STORE and TRANS_OUT:
         c_layout_t: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SUBTILE_N, ROWS], out_ptr.dtype.element_ty)
@@ -644,7 +639,7 @@ def block_fp8_gluon_kernel(
         light_desc = b_desc
     descs = (a_desc, b_desc, out_desc, light_desc)
     bufs = (a_bufs, b_bufs, c_bufs)
-    bars = ready  # the stages' TMA completion; the partitions' other orderings are named barriers
+    bars = (ready, turn)
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
@@ -692,6 +687,9 @@ def check_warp_specialized(config: TileConfig, kernel: str, smem: int, smem_hold
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
+    if config.num_stages > MAX_STAGES:
+        raise ValueError(f"the Gluon block FP8 kernel releases its stages by named barriers {EMPTY_BARRIER0.value}-15: "
+                         f"at most {MAX_STAGES} stages, got {config.num_stages}")
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"the Gluon block FP8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
     if p.k % SCALE_GROUP:
