@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _explicit, backends, partitioning, primitive, validation
+from . import _explicit_sharding as explicit
+from . import backends, partitioning, primitive, validation
 from ._triton.problem import DTYPE_NAMES, TileConfig
 from .formats import DEEPSEEK_TILES, FormatLike, MXFormat, NVFP4Format, format_for_side
 from .quantize import DEFAULT_ROUNDING, ROUNDING_MODES, BlockScaledArray, quantize
@@ -66,7 +67,7 @@ def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
     spec = format_for_side(fmt, side)
     # nvfp4 and fp8_block scales are not powers of two: the MX rounding mode does not apply to them.
     kw = dict(rounding=rounding) if isinstance(spec, MXFormat) else {}
-    return _explicit.quantize(lambda t: quantize(t, spec, axis=-1, **kw), x, spec)
+    return explicit.quantize(lambda t: quantize(t, spec, axis=-1, **kw), x, spec)
 
 
 def _maybe_quantize(x: Operand, fmt, rounding: str, name: str) -> Operand:
@@ -102,7 +103,7 @@ def _forward(a: Operand, b: Operand, s: _Static) -> jax.Array:
 
 
 def _as_f32(x: Operand) -> jax.Array:
-    return _explicit.dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
+    return explicit.dequantize(x, jnp.float32) if isinstance(x, BlockScaledArray) else x.astype(jnp.float32)
 
 
 def _sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -140,15 +141,15 @@ def _matmul_bwd(s, residuals, g):
     # so each product names its sharding, and a cotangent must have its primal's exactly.
     def grad_a():
         shape = jnp.broadcast_shapes(g.shape[:-2], qb.shape[:-2]) + a.shape[-2:]
-        out = _explicit.grad_sharding(a, g, shape)
+        out = explicit.grad_sharding(a, g, shape)
         da = jnp.einsum("...mn,...nk->...mk", g, _as_f32(qb), out_sharding=out, **hp)
-        return _explicit.like(_sum_to_shape(da, a.shape).astype(a.dtype), _explicit.explicit_sharding(a))
+        return explicit.like(_sum_to_shape(da, a.shape).astype(a.dtype), explicit.explicit_sharding(a))
 
     def grad_b():
         shape = jnp.broadcast_shapes(g.shape[:-2], qa.shape[:-2]) + b.shape[-2:]
-        out = _explicit.grad_sharding(b, g, shape)
+        out = explicit.grad_sharding(b, g, shape)
         db = jnp.einsum("...mn,...mk->...nk", g, _as_f32(qa), out_sharding=out, **hp)
-        return _explicit.like(_sum_to_shape(db, b.shape).astype(b.dtype), _explicit.explicit_sharding(b))
+        return explicit.like(_sum_to_shape(db, b.shape).astype(b.dtype), explicit.explicit_sharding(b))
 
     da = jax.tree_util.tree_map(jnp.zeros_like, a) if isinstance(a, BlockScaledArray) else grad_a()
     db = jax.tree_util.tree_map(jnp.zeros_like, b) if isinstance(b, BlockScaledArray) else grad_b()

@@ -24,7 +24,7 @@ Structure, outside in:
 
 Under `jax.grad`, `api.matmul`'s custom_vjp owns differentiation: the forward runs through here, the
 backward's einsums are partitioned by XLA itself (on meshes with Explicit axes they state their output
-shardings: `_explicit`). Inside `shard_map` (all axes manual) custom_partitioning lowers the plain
+shardings: `_explicit_sharding`). Inside `shard_map` (all axes manual) custom_partitioning lowers the plain
 primitive on the local blocks. With a single device it lowers the primitive directly.
 """
 

@@ -469,14 +469,14 @@ def quantize(
 def _fused_eligible(x: jax.Array, spec: Format, axis: int) -> bool:
     """Whether `quantize` goes through the quantization primitive (jnp on CPU, the fused kernel on one GPU):
     along the last axis, a non-empty input, a format the kernel takes, and not typed with Explicit-axis
-    sharding (whose per-device blocks `_explicit.quantize` arranges around the jnp quantizer)."""
-    from . import _explicit, quantize_primitive
+    sharding (whose per-device blocks `_explicit_sharding.quantize` arranges around the jnp quantizer)."""
+    from . import _explicit_sharding as explicit, quantize_primitive
 
     if not quantize_primitive.USE_KERNEL or axis != -1 or x.size == 0:
         return False
     if quantize_primitive.kernel_path(spec) is not None:
         return False
-    return _explicit.explicit_sharding(x) is None
+    return explicit.explicit_sharding(x) is None
 
 
 def quantize_jnp(x: jax.Array, spec: Format, *, axis: int, rounding: str, tensor_scale=None) -> BlockScaledArray:

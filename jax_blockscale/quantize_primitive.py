@@ -348,7 +348,7 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
     """`quantize_with_transpose` for resolved formats: the fused pair where it applies, else two jnp calls
     (a format the kernel does not take, an empty input, Explicit-axis sharding). decoded: each side as
     `Decoded` bf16 values (`decoded_pair`; MX / nvfp4 formats only) instead of a BlockScaledArray."""
-    from . import _explicit
+    from . import _explicit_sharding as explicit
     from .api import quantize_operand
     from .quantize import nvfp4_tensor_scale
 
@@ -358,7 +358,7 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
         _check_decodable(row, col)
     xt = jnp.swapaxes(x, -1, -2)
     fused = (USE_KERNEL and x.size > 0 and kernel_path(row) is None and kernel_path(col) is None
-             and _explicit.explicit_sharding(x) is None)
+             and explicit.explicit_sharding(x) is None)
     if not fused:
         def one(xs, fmt):
             if fmt is None:
@@ -366,7 +366,7 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
             q = quantize_operand(xs, fmt, side="a", rounding=rounding)
             if not decoded:
                 return q
-            return Decoded(_canonical_nan(_explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)),
+            return Decoded(_canonical_nan(explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)),
                            q.tensor_scale)
         return one(x, row), one(xt, col)
     row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None

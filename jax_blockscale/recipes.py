@@ -67,7 +67,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from . import _explicit, validation
+from . import _explicit_sharding as explicit
+from . import validation
 from .api import matmul, quantize_operand
 from .formats import (DEEPSEEK_TILES, BlockFP8Format, Format, FormatLike, MXFormat, NVFP4Format, format_family,
                       format_for_side)
@@ -234,10 +235,10 @@ def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
     """a (.., M, K) x b (.., N, K) -> (.., M, N): the primitive if either side is block-scaled.
 
     `out_sharding`: the result's sharding on a mesh with Explicit axes (a gradient's must be its primal's);
-    None leaves it to the matmul (`jax_blockscale._explicit`).
+    None leaves it to the matmul (`jax_blockscale._explicit_sharding`).
     """
     if isinstance(a, BlockScaledArray) or isinstance(b, BlockScaledArray):
-        return _explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
+        return explicit.like(matmul(a, b, out_dtype=out_dtype), out_sharding)
     if isinstance(a, Decoded) or isinstance(b, Decoded):
         # The bf16 values are exact (quantize_primitive.Decoded): their dot with fp32 accumulation is the
         # codes path's GEMM up to summation order; nvfp4's tensor scales multiply the product (below).
@@ -251,15 +252,15 @@ def _gemm(a, b, out_dtype, out_sharding=None) -> jax.Array:
             # step), where XLA fuses this multiply into the product's consumer. bf16's range is float32's,
             # so nothing overflows before the scaling; an f16 output, whose range is not, stays float32.
             narrow = jnp.dtype(out_dtype) == jnp.bfloat16
-            out = _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype if narrow else jnp.float32)
+            out = explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype if narrow else jnp.float32)
             return (out.astype(jnp.float32) * alpha).astype(out_dtype)
     # out_dtype straight from the dot (float32 accumulation inside), as flax.linen.Dense does: an f32 result
     # cast down would make autodiff of the bf16 baseline run its backward GEMMs in float32.
-    return _explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
+    return explicit.nt_dot(a, b, out_sharding, preferred_element_type=out_dtype)
 
 
 def _dense(w, dtype=jnp.float32) -> jax.Array:
-    return _explicit.dequantize(w, dtype) if isinstance(w, BlockScaledArray) else w
+    return explicit.dequantize(w, dtype) if isinstance(w, BlockScaledArray) else w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,7 +403,7 @@ def _core_bwd(s: _Static, res, g):
     else:
         # The pair differs (fp8_deepseek: 1x128 dy^T, 128x128 x^T; no kernel takes it swapped), so one side
         # is block-scaled (two dense sides swap) and the primitive writes dW^T's product transposed.
-        dw = _explicit.like(matmul(gt, xt, out_dtype=s.w_dtype, transpose_out=True), s.w_sharding)
+        dw = explicit.like(matmul(gt, xt, out_dtype=s.w_dtype, transpose_out=True), s.w_sharding)
     return dx, dw
 
 
@@ -488,7 +489,7 @@ def _recipe_matmul(x, w, r: Recipe, out_dtype, w_kn: bool) -> jax.Array:
 
     def core(x, w):
         s = _Static(r, out_dtype, jnp.dtype(x.dtype), None if frozen else jnp.dtype(w.dtype),
-                    _explicit.explicit_sharding(x), None if frozen else _explicit.explicit_sharding(w), w_kn,
+                    explicit.explicit_sharding(x), None if frozen else explicit.explicit_sharding(w), w_kn,
                     decoded=not frozen and r.decodes())
         return _core(x, w, s)
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from jax_blockscale._triton import block_fp8, upcast  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
-from jax_blockscale._triton.problem import SCALE_BLOCK, GemmProblem, TileConfig  # noqa: E402
+from jax_blockscale._triton.problem import SCALE_BLOCK, GemmProblem, TileConfig, operand_dtypes  # noqa: E402
 
 WGMMA_FP8 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3")
 WGMMA_BF16 = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16")
@@ -42,7 +42,7 @@ def signature(p: GemmProblem) -> dict[str, str]:
     """The kernel's pointer signature as jax-triton builds it: five operands, then the output."""
     pointers = {}
     for side, kind in (("a", p.a_kind), ("b", p.b_kind)):
-        values, scales = block_fp8.operand_dtypes(kind)
+        values, scales = operand_dtypes(kind)
         pointers[f"{side}_ptr"] = _POINTER[values]
         pointers[f"{side}_scale_ptr"] = _POINTER[scales if scales is not None else values]
     order = ("a_ptr", "a_scale_ptr", "b_ptr", "b_scale_ptr")
@@ -68,7 +68,7 @@ def operand_structs(p: GemmProblem) -> list[jax.ShapeDtypeStruct]:
     structs = []
     b_lead = (p.batch,) if p.b_batched else ()
     for side, kind, rows, lead in (("a", p.a_kind, p.m, (p.batch,)), ("b", p.b_kind, p.n, b_lead)):
-        values, scales = block_fp8.operand_dtypes(kind)
+        values, scales = operand_dtypes(kind)
         structs.append(jax.ShapeDtypeStruct(lead + (rows, p.k // p.elements_per_byte(side)), values))
         if kind == "block_fp8":  # a: 1 x 128 groups, b: 128 x 128 tiles
             scale_shape = (rows if side == "a" else -(-rows // 128), p.k // 128)

@@ -3,7 +3,7 @@ axes (`jax.make_mesh(..., axis_types=(AxisType.Explicit,) * 2)`: sharding in typ
 
 There jax types every array with its sharding and rejects what it cannot type: a dot whose contraction is
 sharded on both sides (the backward GEMMs), a reshape that splits a sharded dim into blocks (quantization)
-and a custom_vjp cotangent whose sharding differs from its primal operand's (`jax_blockscale._explicit`
+and a custom_vjp cotangent whose sharding differs from its primal operand's (`jax_blockscale._explicit_sharding`
 states those shardings). Each case checks the numbers against the unsharded run, the sharding in the
 result's type (each gradient's must be its operand's), and the compiled HLO: no all-gather / all-to-all /
 collective-permute. The GEMM is opaque, as in tests/test_sharding.py, so a missing rule would show as a

@@ -21,47 +21,14 @@ import triton.language as tl
 from .tiling import grouped_tile, k_tile_range
 
 from . import jt
-from .problem import BLOCK_FP8, NVFP4, GemmProblem, TileConfig
+from .problem import BLOCK_FP8, OUT_DTYPES, SCALE_GROUP, GemmProblem, TileConfig, check_operands, fold_batch
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 
-SCALE_GROUP = 128  # DeepSeek-V3's quantization block along K (and along N for weights)
 # Offsets of int32 overflow past 2**31 elements; above it the kernels index with int64.
 _INT32_LIMIT = 2**31
 # Rough SM count used only to pick split-K for skinny problems (H100/H200: 132, B200: 148).
 _TYPICAL_SM_COUNT = 132
-
-OUT_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
-# TMA: global strides must be multiples of 16 bytes.
-_TMA_ALIGN = 16
-
-
-def out_rows_tma_aligned(p: GemmProblem, transposed: bool = False) -> bool:
-    """Whether the (M, N) output's rows are 16-byte aligned, as a TMA store needs (else a masked store);
-    transposed: the rows of an (N, M) output (one product, M rows)."""
-    width = p.batch * p.m if transposed else p.n
-    return (width * jnp.dtype(OUT_DTYPES[p.out_dtype]).itemsize) % _TMA_ALIGN == 0
-
-
-def operand_dtypes(kind: str) -> tuple[jnp.dtype, jnp.dtype | None]:
-    """(values dtype, scales dtype) of an operand kind, as problem.py lays them out; None: a dummy of any
-    dtype (dense kinds)."""
-    if kind in ("bf16", "fp16"):
-        return jnp.dtype(OUT_DTYPES[kind]), None
-    values = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2, BLOCK_FP8: jnp.float8_e4m3fn}.get(kind, jnp.uint8)
-    scales = {NVFP4: jnp.float8_e4m3fn, BLOCK_FP8: jnp.float32}.get(kind, jnp.uint8)
-    return jnp.dtype(values), jnp.dtype(scales)
-
-
-def check_operands(p: GemmProblem, a_values, a_scales, b_values, b_scales) -> None:
-    """Wrong dtypes would be reinterpreted by the kernel rather than converted: refuse them here."""
-    for side, kind, values, scales in (("a", p.a_kind, a_values, a_scales), ("b", p.b_kind, b_values, b_scales)):
-        want_values, want_scales = operand_dtypes(kind)
-        if values.dtype != want_values or (want_scales is not None and scales.dtype != want_scales):
-            raise TypeError(
-                f"{side} ({kind}) needs values of {want_values} and scales of {want_scales or 'any dtype'}, "
-                f"got {values.dtype} and {scales.dtype}"
-            )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -191,15 +158,6 @@ def block_fp8_kernel(
 
 # ---------------------------------------------------------------------------------------------------------
 # jnp side, shared by the launchers of this package.
-
-
-def fold_batch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array) -> tuple[int, int, jax.Array, jax.Array]:
-    """(grid batches, rows per batch, a_values, a_scales). With an unbatched b, batch folds into M: one 2D
-    GEMM of B*M rows fills the machine better than B small ones."""
-    if p.b_batched:
-        return p.batch, p.m, a_values, a_scales
-    rows = p.batch * p.m
-    return 1, rows, a_values.reshape(1, rows, a_values.shape[-1]), a_scales.reshape(1, rows, a_scales.shape[-1])
 
 
 def needs_wide_offsets(p: GemmProblem, config: TileConfig) -> bool:

@@ -67,8 +67,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch, out_rows_tma_aligned
-from .problem import BLOCK_FP8, HOPPER_SMEM_BYTES, GemmProblem, TileConfig
+from .problem import (BLOCK_FP8, HOPPER_SMEM_BYTES, OUT_DTYPES, SCALE_GROUP, GemmProblem, TileConfig, check_operands,
+                      fold_batch, out_rows_tma_aligned)
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})
 # Columns per wgmma and per promotion: one weight scale block, 64 partial registers per consumer thread.

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands, fold_batch, out_rows_tma_aligned
-from .problem import BLOCK_FP8, HOPPER_SMS, GemmProblem, TileConfig
+from .problem import (BLOCK_FP8, HOPPER_SMS, OUT_DTYPES, SCALE_GROUP, GemmProblem, TileConfig, check_operands,
+                      fold_batch, out_rows_tma_aligned)
 from .tiling import grouped_tile, tma_descriptor, tma_load, promote_block
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({(BLOCK_FP8, BLOCK_FP8)})

@@ -58,8 +58,8 @@ import triton
 import triton.language as tl
 
 from . import jt
-from .block_fp8 import OUT_DTYPES, check_operands
-from .problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
+from .problem import (BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, OUT_DTYPES, SCALE_BLOCK, GemmProblem, TileConfig,
+                      check_operands)
 from .tiling import k_tile_range
 from .upcast import load_operand, load_scales, minifloat_to_f32, scales_to_f32
 

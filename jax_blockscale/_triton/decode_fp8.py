@@ -61,10 +61,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, SCALE_GROUP, check_operands
 from .decode import split_k_workspace, tensor_scale_operands
 from .decode_wgmma import check_rows_and_k_steps, split_k_epilogue
-from .problem import BLOCK_FP8, HOPPER_SMEM_BYTES, HOPPER_SMS, GemmProblem, TileConfig
+from .problem import (BLOCK_FP8, HOPPER_SMEM_BYTES, HOPPER_SMS, OUT_DTYPES, SCALE_GROUP, GemmProblem, TileConfig,
+                      check_operands)
 
 # Block FP8 x block FP8, and 8-bit MX (e4m3 / e5m2 codes, e8m0 scales per 32) on both sides: the pairs whose
 # codes an fp8 wgmma multiplies as they are.

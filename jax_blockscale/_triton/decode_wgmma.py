@@ -86,9 +86,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, check_operands
 from .decode import _FP4_FOLDED_PTX, _FP4_PTX, e8m0_to_bf16, split_k_workspace, tensor_scale_operands
-from .problem import HOPPER_SMS, NVFP4, GemmProblem, TileConfig
+from .problem import HOPPER_SMS, NVFP4, OUT_DTYPES, GemmProblem, TileConfig, check_operands
 
 # Weights: fp4 (mxfp4, nvfp4) and 8-bit MX (mxfp8 e4m3 / e5m2). Activations: bf16, or quantized ones of the
 # weight's scale family (MX 8-bit or fp4 with an MX weight, nvfp4 with nvfp4), decoded once per program.

@@ -40,7 +40,7 @@ from .tiling import grouped_tile, k_tile_range, store_alpha_tile
 from .. import layouts
 from . import dot_scaled_nvidia as _nv
 from . import jt
-from .problem import ELEMENTS_PER_BYTE, MX_KINDS, GemmProblem, TileConfig
+from .problem import ELEMENTS_PER_BYTE, MX_KINDS, OUT_DTYPES, GemmProblem, TileConfig
 
 __all__ = ["SUPPORTED", "MFMA_VARIANTS", "JAX_TRITON_MFMA", "default_config", "launch", "kernel_constexprs",
            "pointer_signature", "check_config", "grid", "compile_options", "scaled_gemm_kernel_cdna4"]
@@ -166,7 +166,7 @@ def pointer_signature(p: GemmProblem) -> dict[str, str]:
     return {
         "a_ptr": _nv.POINTER_TYPES[p.a_kind], "a_scale_ptr": "*u8",
         "b_ptr": _nv.POINTER_TYPES[p.b_kind], "b_scale_ptr": "*u8",
-        "alpha_ptr": "*fp32", "out_ptr": jt.triton_pointer_type(_nv.OUT_DTYPES[p.out_dtype]),
+        "alpha_ptr": "*fp32", "out_ptr": jt.triton_pointer_type(OUT_DTYPES[p.out_dtype]),
     }
 
 
@@ -215,7 +215,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     """
     del compute_capability
     constexprs = kernel_constexprs(p, config, mfma)
-    out_dtype = _nv.OUT_DTYPES[p.out_dtype]
+    out_dtype = OUT_DTYPES[p.out_dtype]
     if config.split_k > 1:
         out_shape = jax.ShapeDtypeStruct((config.split_k, p.batch, p.m, p.n), jnp.float32)
     else:

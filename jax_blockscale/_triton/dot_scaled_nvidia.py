@@ -36,7 +36,7 @@ from .tiling import grouped_tile, k_tile_range, store_alpha_tile
 
 from .. import layouts
 from . import jt
-from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem, TileConfig
+from .problem import DENSE_KINDS, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, OUT_DTYPES, SCALE_BLOCK, GemmProblem, TileConfig
 
 __all__ = ["SUPPORTED", "DOT_FORMAT", "default_config", "launch", "kernel_constexprs", "pointer_signature",
            "grid", "scaled_gemm_kernel", "widen_fp6"]
@@ -52,7 +52,6 @@ DOT_FORMAT = {"e4m3": "e4m3", "e5m2": "e5m2", "e2m3": "e4m3", "e3m2": "e5m2", "e
               NVFP4: "e2m1", "bf16": "bf16", "fp16": "fp16"}
 FP6_WIDENED = {"e2m3": (ml_dtypes.float6_e2m3fn, jnp.float8_e4m3fn),
                 "e3m2": (ml_dtypes.float6_e3m2fn, jnp.float8_e5m2)}
-OUT_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}
 _SCALE_UNIT = 512  # bytes of one (128 rows x 4 scale columns) unit of the 5D layout
 _SM_COUNT = 148  # B200 / B300; only steers the split-K heuristic for small grids
 

@@ -34,9 +34,8 @@ import triton
 import triton.language as tl
 
 from . import launch as _launch
-from .block_fp8 import OUT_DTYPES, check_operands, fold_batch
 from .decode import _FP4_PTX, e8m0_to_bf16
-from .problem import MX_KINDS, NVFP4, GemmProblem, TileConfig
+from .problem import MX_KINDS, NVFP4, OUT_DTYPES, GemmProblem, TileConfig, check_operands, fold_batch
 from .tiling import grouped_tile, store_alpha_tile, tma_descriptor, tma_load
 from .upcast import codes_to_f32, e8m0_to_f32, scales_to_f32
 

@@ -23,8 +23,7 @@ import triton
 import triton.language as tl
 
 from . import launch
-from .block_fp8 import OUT_DTYPES, SCALE_GROUP, fold_batch
-from .problem import GemmProblem, TileConfig
+from .problem import OUT_DTYPES, SCALE_GROUP, GemmProblem, TileConfig, fold_batch
 from .tiling import grouped_tile, store_alpha_tile, tma_descriptor, tma_load, promote_block
 
 

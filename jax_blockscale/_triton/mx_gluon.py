@@ -61,14 +61,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import launch as scratch
-from .block_fp8 import OUT_DTYPES, check_operands, out_rows_tma_aligned
 # The register split and shared-memory budget of block_fp8_gluon's warp-specialized layout (one loader warp,
 # two 4-warp consumers), which this kernel shares.
 from .block_fp8_gluon import (CONSUMER_REGISTERS, LOADER_REGISTERS, MAX_REGISTERS, SMEM_BYTES, _program_tiles,
                               _tile_origin, check_warp_specialized, stage_barriers)
 from .decode import tensor_scale_operands
 from .decode_wgmma import _decode
-from .problem import NVFP4, GemmProblem, TileConfig
+from .problem import NVFP4, OUT_DTYPES, GemmProblem, TileConfig, check_operands, out_rows_tma_aligned
 
 W_KINDS = ("e2m1", NVFP4, "e4m3", "e5m2")
 SUPPORTED: frozenset[tuple[str, str]] = frozenset({("bf16", w) for w in W_KINDS})

@@ -21,10 +21,13 @@ padding holds zero values. M and N are arbitrary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    import jax
 
 # Element kinds. MX kinds carry e8m0 scales per 32 elements along K.
 MX_KINDS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
@@ -47,6 +50,12 @@ HOPPER_SMEM_BYTES = 232448
 DTYPE_NAMES = {np.dtype(ml_dtypes.bfloat16): "bf16", np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}
 ELEMENTS_PER_BYTE = {"e2m1": 2, NVFP4: 2}
 SCALE_BLOCK = {**{k: 32 for k in MX_KINDS}, NVFP4: 16, BLOCK_FP8: 128}
+# DeepSeek-V3's block FP8 quantization block along K (and along N for weights).
+SCALE_GROUP = SCALE_BLOCK[BLOCK_FP8]
+# Output dtypes by name (DTYPE_NAMES inverted).
+OUT_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+# TMA: global strides must be multiples of 16 bytes.
+TMA_ALIGN = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,3 +138,46 @@ class TileConfig:
 
     def replace(self, **changes) -> "TileConfig":
         return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Operand checks and shapes every launcher shares (the contract above; here so that no kernel module has to
+# import another one for them).
+
+
+def operand_dtypes(kind: str) -> tuple[np.dtype, Optional[np.dtype]]:
+    """(values dtype, scales dtype) of an operand kind, as the module docstring lays them out; None: a dummy
+    of any dtype (dense kinds)."""
+    if kind in DENSE_KINDS:
+        return OUT_DTYPES[kind], None
+    fp8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, BLOCK_FP8: ml_dtypes.float8_e4m3fn}
+    scales = {NVFP4: ml_dtypes.float8_e4m3fn, BLOCK_FP8: np.float32}
+    return np.dtype(fp8.get(kind, np.uint8)), np.dtype(scales.get(kind, np.uint8))
+
+
+def check_operands(p: GemmProblem, a_values, a_scales, b_values, b_scales) -> None:
+    """Wrong dtypes would be reinterpreted by the kernel rather than converted: refuse them here."""
+    for side, kind, values, scales in (("a", p.a_kind, a_values, a_scales), ("b", p.b_kind, b_values, b_scales)):
+        want_values, want_scales = operand_dtypes(kind)
+        if values.dtype != want_values or (want_scales is not None and scales.dtype != want_scales):
+            raise TypeError(
+                f"{side} ({kind}) needs values of {want_values} and scales of {want_scales or 'any dtype'}, "
+                f"got {values.dtype} and {scales.dtype}"
+            )
+
+
+def fold_batch(p: GemmProblem, a_values: "jax.Array", a_scales: "jax.Array"
+               ) -> tuple[int, int, "jax.Array", "jax.Array"]:
+    """(grid batches, rows per batch, a_values, a_scales). With an unbatched b, batch folds into M: one 2D
+    GEMM of B*M rows fills the machine better than B small ones."""
+    if p.b_batched:
+        return p.batch, p.m, a_values, a_scales
+    rows = p.batch * p.m
+    return 1, rows, a_values.reshape(1, rows, a_values.shape[-1]), a_scales.reshape(1, rows, a_scales.shape[-1])
+
+
+def out_rows_tma_aligned(p: GemmProblem, transposed: bool = False) -> bool:
+    """Whether the (M, N) output's rows are 16-byte aligned, as a TMA store needs (else a masked store);
+    transposed: the rows of an (N, M) output (one product, M rows)."""
+    width = p.batch * p.m if transposed else p.n
+    return (width * OUT_DTYPES[p.out_dtype].itemsize) % TMA_ALIGN == 0

@@ -27,10 +27,10 @@ import triton.language as tl
 
 from ..formats import get_format
 from ..quantize import BlockScaledArray, dequantize
-from .block_fp8 import check_operands, run_gemm, store_tile, swapped_decode_config, with_split_k
+from .block_fp8 import run_gemm, store_tile, swapped_decode_config, with_split_k
 from .tiling import grouped_tile, k_tile_range
 from .problem import (DENSE_KINDS, DEQUANTIZE_SCOPE, ELEMENTS_PER_BYTE, MX_KINDS, NVFP4, SCALE_BLOCK, GemmProblem,
-                      TileConfig)
+                      TileConfig, check_operands)
 
 _UPCAST_KINDS = MX_KINDS + (NVFP4,) + DENSE_KINDS
 SUPPORTED: frozenset[tuple[str, str]] = frozenset(itertools.product(_UPCAST_KINDS, repeat=2))

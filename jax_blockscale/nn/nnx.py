@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import validation
-from .._explicit import quantized_spec
+from .._explicit_sharding import quantized_spec
 from ..quantize import BlockScaledArray
 from ..recipes import Recipe, RecipeLike, get_recipe, quantize_weight, quantized_dense
 
