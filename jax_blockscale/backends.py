@@ -123,6 +123,13 @@ GLUON_BLOCK_FP8_MIN = (2048, 2048, 1024)
 # fp6 operands reach the MMA widened to fp8 (exact) because Triton 3.6's dot_scaled rejects e2m3/e3m2.
 KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
     "sm_100": (
+        KernelEntry("decode_sm100", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",
+                    "decode (<= 64 rows, one weight), quantized activations: tcgen05.mma block_scale with the "
+                    "operands swapped (the weight's 128-row tiles as the MMA's M side, the activations one padded "
+                    "tile on its N side), the codes multiplied as they are, split-K for small grids; the weight's "
+                    "scales packed in jnp and the product transposed by XLA. Not measured (no Blackwell GPU here), "
+                    "nor is decode.py's kind::f16 path below, which decodes the codes in registers",
+                    max_rows=DECODE_MAX_ROWS),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 tcgen05.mma kind::f16",
                     max_rows=DECODE_MAX_ROWS),
         KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",

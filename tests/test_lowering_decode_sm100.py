@@ -1,0 +1,133 @@
+"""CPU tests of the Blackwell decode path on the block-scaled MMA (_triton/decode_sm100.py).
+
+What they prove without a Blackwell GPU: dispatch sends quantized activations x a quantized weight at <= 64
+rows there on sm_100 (bf16 activations keep decode.py, Hopper and MI355 their own kernels); the swapped
+problem compiles for sm_100a to `tcgen05.mma ... block_scale` of the pair's kind with the weight as the MMA's
+M side; the launcher hands the weight to `dot_scaled_nvidia.launch` as its a operand and the (folded)
+activations as its b operand, and transposes the (N, rows) product back; and a whole jitted matmul lowered
+for sm_100 embeds one such kernel. The kernel's numbers: tests/test_gpu_decode_sm100.py (Hopper, emulated
+`dot_scaled`; Blackwell where one exists).
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale import backends, primitive  # noqa: E402
+from jax_blockscale._triton import decode_sm100, dot_scaled_nvidia  # noqa: E402
+from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
+from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
+
+# (activations, weight) -> the tcgen05 kind of the swapped product (the weight is the MMA's a operand)
+KINDS = {("e4m3", "e2m1"): "kind::mxf8f6f4.block_scale", ("e4m3", "e4m3"): "kind::mxf8f6f4.block_scale",
+         ("e5m2", "e4m3"): "kind::mxf8f6f4.block_scale", ("e2m3", "e3m2"): "kind::mxf8f6f4.block_scale",
+         ("e2m1", "e2m1"): "kind::mxf4.block_scale", ("nvfp4", "nvfp4"): "kind::mxf4nvf4.block_scale"}
+
+
+def _problem(x_kind, w_kind, rows=16, n=7168, k=4096, batch=1):
+    return GemmProblem(batch, False, rows // batch, n, k, x_kind, w_kind, "bf16")
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("x_kind,w_kind", sorted(KINDS))
+def test_dispatch_takes_quantized_pairs_at_decode_rows_on_sm100(x_kind, w_kind, rows):
+    assert backends.choose("sm_100", x_kind, w_kind, rows=rows).kernel == "decode_sm100"
+    assert backends.choose("sm_100", x_kind, w_kind, rows=65).kernel == "dot_scaled_nvidia"
+    assert backends.choose("sm_100", x_kind, w_kind).kernel == "dot_scaled_nvidia"  # batched weight / unknown rows
+    for target in ("sm_90", "gfx950"):
+        assert backends.choose(target, x_kind, w_kind, rows=rows).kernel != "decode_sm100"
+
+
+def test_bf16_activations_and_block_fp8_keep_decode():
+    for pair in (("bf16", "e2m1"), ("bf16", "nvfp4"), ("bf16", "e4m3"), ("block_fp8", "block_fp8")):
+        assert backends.choose("sm_100", *pair, rows=16).kernel == "decode"
+    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "mxfp4", side="b"))
+    x = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((2, 8, 512)), "mxfp8", side="a"))
+    choice = jb.explain(x, w, target="sm_100")
+    assert choice.kernel == "decode_sm100" and choice.path == "native" and "not measured" in choice.why.lower()
+
+
+@pytest.mark.parametrize("x_kind,w_kind", sorted(KINDS))
+def test_swapped_problem_compiles_to_the_block_scaled_mma(x_kind, w_kind):
+    p = _problem(x_kind, w_kind, rows=16, n=1024, k=1024)
+    ps = decode_sm100.swapped(p)
+    assert (ps.m, ps.n, ps.a_kind, ps.b_kind) == (1024, 16, w_kind, x_kind)
+    config = decode_sm100.default_config(p)
+    compiled = compile_kernel(dot_scaled_nvidia.scaled_gemm_kernel, target="sm_100",
+                              signature=dot_scaled_nvidia.pointer_signature(ps),
+                              constexprs=dot_scaled_nvidia.kernel_constexprs(ps, config),
+                              num_warps=config.num_warps, num_stages=config.num_stages)
+    ptx = assembly(compiled)
+    assert "tcgen05.mma" in ptx and KINDS[(x_kind, w_kind)] in ptx
+
+
+def test_default_config_splits_k_for_the_weight_tiles():
+    """N = 7168 is 56 weight tiles of 128 rows: split-K puts 112 programs on a B200's 148 SMs."""
+    config = decode_sm100.default_config(_problem("e4m3", "e2m1"))
+    assert (config.block_m, config.block_n, config.split_k) == (128, 128, 2)
+
+
+def test_launch_swaps_operands_and_transposes_the_product(monkeypatch):
+    """The launcher's own work, with the kernel replaced: which operand goes where, the folded batch, and the
+    (N, rows) product transposed back to (batch, M, N)."""
+    p = _problem("e4m3", "e2m1", rows=6, n=256, k=512, batch=2)
+    seen = {}
+
+    def fake_launch(ps, a_values, a_scales, b_values, b_scales, alpha, *, config, compute_capability):
+        seen.update(ps=ps, a=a_values, sa=a_scales, b=b_values, sb=b_scales, config=config, cc=compute_capability)
+        return jnp.arange(ps.m * ps.n, dtype=jnp.float32).reshape(1, ps.m, ps.n)
+
+    monkeypatch.setattr(dot_scaled_nvidia, "launch", fake_launch)
+    x_values = (jnp.arange(2 * 3 * 512) % 251).astype(jnp.uint8).reshape(2, 3, 512)
+    x_scales = jnp.ones((2, 3, 16), jnp.uint8)
+    w_values = jnp.zeros((256, 256), jnp.uint8)
+    w_scales = jnp.full((256, 16), 127, jnp.uint8)
+    config = decode_sm100.default_config(p)
+    out = decode_sm100.launch(p, x_values, x_scales, w_values, w_scales, jnp.ones((1,)), config=config,
+                              compute_capability=100)
+    assert seen["ps"] == decode_sm100.swapped(p) and seen["config"] == config and seen["cc"] == 100
+    assert seen["a"] is w_values and seen["sa"] is w_scales
+    np.testing.assert_array_equal(seen["b"], x_values.reshape(6, 512))
+    np.testing.assert_array_equal(seen["sb"], x_scales.reshape(6, 16))
+    want = np.arange(256 * 6, dtype=np.float32).reshape(256, 6).T.reshape(2, 3, 256)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("problem,message", [
+    (GemmProblem(1, False, 16, 256, 512, "bf16", "e2m1", "bf16"), "quantized activations"),
+    (GemmProblem(2, True, 16, 256, 512, "e4m3", "e2m1", "bf16"), "unbatched"),
+    (GemmProblem(1, False, 65, 256, 512, "e4m3", "e2m1", "bf16"), "at most 64"),
+])
+def test_launch_refuses_what_it_does_not_take(problem, message):
+    with pytest.raises(ValueError, match=message):
+        decode_sm100.check_problem(problem)
+
+
+def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
+    """jb.matmul of 16 mxfp8 rows and an mxfp4 weight, lowered for sm_100 through the cuda platform (the
+    CUDA plugin serializes the Triton call on a CPU): one embedded kernel, the swapped block-scaled MMA."""
+    from jax._src.lib import gpu_triton
+
+    from jax_blockscale._triton import jt
+
+    if not hasattr(gpu_triton, "TritonKernel"):  # pragma: no cover - depends on the install
+        pytest.skip("jaxlib's gpu_triton has no Triton call serializer (install jax-cuda13-plugin)")
+    stand_in = types.SimpleNamespace(platform="cuda", device_kind="NVIDIA B200", compute_capability="10.0")
+    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: stand_in)
+    x = jb.quantize_operand(jax.random.normal(jax.random.key(0), (2, 8, 512)), "mxfp8", side="a")
+    w = jb.quantize_operand(jax.random.normal(jax.random.key(1), (384, 512)), "mxfp4", side="b")
+    matmul = jax.jit(lambda x, w: jb.matmul(x, w, target="sm_100"))
+    lowered = matmul.trace(x, w).lower(lowering_platforms=("cuda",))
+    kernels = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    assert len(kernels) == 1 and "kind::mxf8f6f4.block_scale" in kernels[0]
+    assert ".entry scaled_gemm_kernel" in kernels[0]  # dot_scaled_nvidia's kernel, not decode.py's
+    assert "stablehlo.transpose" in lowered.as_text()  # the (N, rows) product back to (rows, N)
