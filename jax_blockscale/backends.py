@@ -127,9 +127,12 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "decode (<= 64 rows, one weight), quantized activations: tcgen05.mma block_scale with the "
                     "operands swapped (the weight's 128-row tiles as the MMA's M side, the activations one padded "
                     "tile on its N side), the codes multiplied as they are, split-K for small grids; the weight's "
-                    "scales packed in jnp and the product transposed by XLA. Not measured (no Blackwell GPU here), "
-                    "nor is decode.py's kind::f16 path below, which decodes the codes in registers",
-                    max_rows=DECODE_MAX_ROWS),
+                    "scales packed in jnp and the product transposed by XLA",
+                    max_rows=DECODE_MAX_ROWS,
+                    opt_in="not measured against decode.py below, which decodes the codes in registers for a "
+                           "kind::f16 MMA: there is no Blackwell GPU here, and as built this path runs three to four "
+                           "kernels per matmul (XLA packs the weight's scales, sums the split-K partials and "
+                           "transposes the product) where decode.py runs one"),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 tcgen05.mma kind::f16",
                     max_rows=DECODE_MAX_ROWS),
         KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",

@@ -64,13 +64,13 @@ def test_shapes(x_kind, w_kind, batch, m, n, k, out_dtype):
     _check(x_kind, w_kind, batch=batch, m=m, n=n, k=k, out_dtype=out_dtype)
 
 
-def test_dispatch_on_this_gpu_runs_it_on_blackwell():
-    """On an sm_100 GPU jb.matmul of mxfp8 x mxfp4 at 16 rows runs this path (dispatch's pick)."""
+def test_named_through_matmul_on_blackwell():
+    """On an sm_100 GPU jb.matmul of mxfp8 x mxfp4 at 16 rows with the kernel named runs this path."""
     if CC < 100:
-        pytest.skip("dispatch picks decode_sm100 on sm_100 only")
+        pytest.skip("the dispatch entry is sm_100's")
     x = jb.quantize_operand(jax.random.normal(jax.random.key(0), (16, 1024)), "mxfp8", side="a")
     w = jb.quantize_operand(jax.random.normal(jax.random.key(1), (768, 1024)), "mxfp4", side="b")
-    assert jb.explain(x, w).kernel == "decode_sm100"
-    got = np.asarray(jax.jit(jb.matmul)(x, w).astype(jnp.float32))
+    config = decode_sm100.default_config(GemmProblem(1, False, 16, 768, 1024, "e4m3", "e2m1", "bf16"))
+    got = jax.jit(lambda x, w: jb.matmul(x, w, config=config.replace(kernel="decode_sm100")))(x, w)
     want = np.asarray(reference.matmul(x, w, jnp.float32))
-    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())

@@ -1,7 +1,7 @@
 """CPU tests of the Blackwell decode path on the block-scaled MMA (_triton/decode_sm100.py).
 
-What they prove without a Blackwell GPU: dispatch sends quantized activations x a quantized weight at <= 64
-rows there on sm_100 (bf16 activations keep decode.py, Hopper and MI355 their own kernels); the swapped
+What they prove without a Blackwell GPU: the opt-in dispatch entry (`TileConfig(kernel="decode_sm100")`, for
+quantized activations x a quantized weight at <= 64 rows on sm_100; dispatch keeps decode.py); the swapped
 problem compiles for sm_100a to `tcgen05.mma ... block_scale` of the pair's kind with the weight as the MMA's
 M side; the launcher hands the weight to `dot_scaled_nvidia.launch` as its a operand and the (folded)
 activations as its b operand, and transposes the (N, rows) product back; and a whole jitted matmul lowered
@@ -39,21 +39,21 @@ def _problem(x_kind, w_kind, rows=16, n=7168, k=4096, batch=1):
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
 @pytest.mark.parametrize("x_kind,w_kind", sorted(KINDS))
-def test_dispatch_takes_quantized_pairs_at_decode_rows_on_sm100(x_kind, w_kind, rows):
-    assert backends.choose("sm_100", x_kind, w_kind, rows=rows).kernel == "decode_sm100"
-    assert backends.choose("sm_100", x_kind, w_kind, rows=65).kernel == "dot_scaled_nvidia"
-    assert backends.choose("sm_100", x_kind, w_kind).kernel == "dot_scaled_nvidia"  # batched weight / unknown rows
+def test_opt_in_on_sm100_for_quantized_pairs_at_decode_rows(x_kind, w_kind, rows):
+    """Opt-in (`TileConfig(kernel="decode_sm100")`): unmeasured against decode.py, which dispatch keeps."""
+    assert backends.choose("sm_100", x_kind, w_kind, rows=rows).kernel == "decode"
+    forced = backends.choose("sm_100", x_kind, w_kind, rows=rows, kernel="decode_sm100")
+    assert forced.kernel == "decode_sm100" and forced.path == "native"
     for target in ("sm_90", "gfx950"):
-        assert backends.choose(target, x_kind, w_kind, rows=rows).kernel != "decode_sm100"
+        with pytest.raises(ValueError, match="no entry"):
+            backends.choose(target, x_kind, w_kind, rows=rows, kernel="decode_sm100")
 
 
-def test_bf16_activations_and_block_fp8_keep_decode():
-    for pair in (("bf16", "e2m1"), ("bf16", "nvfp4"), ("bf16", "e4m3"), ("block_fp8", "block_fp8")):
-        assert backends.choose("sm_100", *pair, rows=16).kernel == "decode"
-    w = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((256, 512)), "mxfp4", side="b"))
-    x = jax.eval_shape(lambda: jb.quantize_operand(jnp.zeros((2, 8, 512)), "mxfp8", side="a"))
-    choice = jb.explain(x, w, target="sm_100")
-    assert choice.kernel == "decode_sm100" and choice.path == "native" and "not measured" in choice.why.lower()
+def test_the_entry_says_why_it_is_opt_in():
+    (entry,) = [e for e in backends.KERNEL_TABLE["sm_100"] if e.module == "decode_sm100"]
+    assert "not measured" in entry.opt_in and "one" in entry.opt_in and entry.max_rows == 64
+    for pair in (("bf16", "e2m1"), ("bf16", "nvfp4"), ("block_fp8", "block_fp8")):
+        assert pair not in entry.pairs  # bf16 activations: a kind::f16 MMA either way; block FP8: fp8 MMA
 
 
 @pytest.mark.parametrize("x_kind,w_kind", sorted(KINDS))
@@ -113,8 +113,9 @@ def test_launch_refuses_what_it_does_not_take(problem, message):
 
 
 def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
-    """jb.matmul of 16 mxfp8 rows and an mxfp4 weight, lowered for sm_100 through the cuda platform (the
-    CUDA plugin serializes the Triton call on a CPU): one embedded kernel, the swapped block-scaled MMA."""
+    """jb.matmul of 16 mxfp8 rows and an mxfp4 weight with the kernel named, lowered for sm_100 through the cuda
+    platform (the CUDA plugin serializes the Triton call on a CPU): one embedded kernel, the swapped
+    block-scaled MMA, and the product transposed back."""
     from jax._src.lib import gpu_triton
 
     from jax_blockscale._triton import jt
@@ -125,7 +126,8 @@ def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
     monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: stand_in)
     x = jb.quantize_operand(jax.random.normal(jax.random.key(0), (2, 8, 512)), "mxfp8", side="a")
     w = jb.quantize_operand(jax.random.normal(jax.random.key(1), (384, 512)), "mxfp4", side="b")
-    matmul = jax.jit(lambda x, w: jb.matmul(x, w, target="sm_100"))
+    config = decode_sm100.default_config(GemmProblem(2, False, 8, 384, 512, "e4m3", "e2m1", "bf16"))
+    matmul = jax.jit(lambda x, w: jb.matmul(x, w, target="sm_100", config=config.replace(kernel="decode_sm100")))
     lowered = matmul.trace(x, w).lower(lowering_platforms=("cuda",))
     kernels = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
     assert len(kernels) == 1 and "kind::mxf8f6f4.block_scale" in kernels[0]

@@ -14,7 +14,10 @@ last row again and are never stored), and split-K while fewer than half the SMs 
 weight's scales go into the 5D tcgen05 layout in jnp on every call, as on the large-M path, and the
 (N, rows) product is transposed by XLA afterwards: three kernels per matmul where `decode.py` runs one
 (kind::f16, the codes decoded in registers). Which of the two is faster on a B200 is not known: this
-project has no Blackwell GPU. The kernel source is `dot_scaled_nvidia.scaled_gemm_kernel`, which runs on
+project has no Blackwell GPU, so dispatch keeps decode.py and this path is opt-in
+(`TileConfig(kernel="decode_sm100")`, best with `default_config`'s fields). One kernel per matmul would need the
+transposed store and the split-K sum in the kernel and the weight's scales stored in the 5D layout when it is
+quantized. The kernel source is `dot_scaled_nvidia.scaled_gemm_kernel`, which runs on
 Hopper for MX pairs (Triton emulates `dot_scaled` there: bf16 upcast + wgmma; not nvfp4) and is tested
 there (tests/test_gpu_decode_sm100.py runs this module on an H100 / H200).
 
