@@ -126,13 +126,13 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         KernelEntry("decode_sm100", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",
                     "decode (<= 64 rows, one weight), quantized activations: tcgen05.mma block_scale with the "
                     "operands swapped (the weight's 128-row tiles as the MMA's M side, the activations one padded "
-                    "tile on its N side), the codes multiplied as they are, split-K for small grids; the weight's "
-                    "scales packed in jnp and the product transposed by XLA",
+                    "tile on its N side), the codes multiplied as they are, split-K for small grids, the swapped "
+                    "product stored transposed by the kernel; the weight's scales packed in jnp",
                     max_rows=DECODE_MAX_ROWS,
                     opt_in="not measured against decode.py below, which decodes the codes in registers for a "
-                           "kind::f16 MMA: there is no Blackwell GPU here, and as built this path runs three to four "
-                           "kernels per matmul (XLA packs the weight's scales, sums the split-K partials and "
-                           "transposes the product) where decode.py runs one"),
+                           "kind::f16 MMA: there is no Blackwell GPU here, and as built this path runs two to three "
+                           "kernels per matmul (XLA packs the weight's scales and sums the split-K partials) where "
+                           "decode.py runs one"),
         KernelEntry("decode", _DECODE_PAIRS, "upcast", _DECODE_WHY + "; bf16 tcgen05.mma kind::f16",
                     max_rows=DECODE_MAX_ROWS),
         KernelEntry("dot_scaled_nvidia", _MX_PAIRS | {(NVFP4, NVFP4)}, "native",

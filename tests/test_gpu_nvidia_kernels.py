@@ -64,7 +64,8 @@ def _operand(key, kind: str, shape: tuple[int, ...]):
 
 
 def _check(a_kind: str, b_kind: str, *, batch: int = 2, m: int = 129, n: int = 200, k: int = 1056,
-           b_batched: bool = False, out_dtype: str = "fp32", config: TileConfig | None = None) -> None:
+           b_batched: bool = False, out_dtype: str = "fp32", config: TileConfig | None = None,
+           transpose_out: bool = False) -> None:
     if EMULATED and "nvfp4" in (a_kind, b_kind):
         pytest.skip("Triton 3.6 has no sm_90 emulation of nvfp4 dot_scaled")
     p = GemmProblem(batch, b_batched, m, n, k, a_kind, b_kind, out_dtype)
@@ -76,11 +77,13 @@ def _check(a_kind: str, b_kind: str, *, batch: int = 2, m: int = 129, n: int = 2
     for ts in (a_ts, b_ts):
         alpha = alpha if ts is None else alpha * ts
 
-    run = jax.jit(lambda *xs: nv.launch(p, *xs, config=config, compute_capability=CC))
+    run = jax.jit(lambda *xs: nv.launch(p, *xs, config=config, compute_capability=CC, transpose_out=transpose_out))
     out = run(a_values, a_scales, b_values, b_scales, alpha)
-    assert out.shape == (batch, m, n) and out.dtype == _OUT_DTYPES[out_dtype]
+    assert out.shape == ((1, n, m) if transpose_out else (batch, m, n)) and out.dtype == _OUT_DTYPES[out_dtype]
 
     want = np.asarray(reference.matmul(a_ref, b_ref, jnp.float32))
+    if transpose_out:
+        want = np.swapaxes(want, -1, -2)
     got = np.asarray(out.astype(jnp.float32))
     # Products of dequantized operands are exact in fp32; only the summation order differs (plus the
     # final rounding for 16-bit outputs). Errors are measured against the row's magnitude.
@@ -112,6 +115,14 @@ def test_shapes(a_kind, b_kind, shape):
 ], ids=["bn256_split3", "bm256_bk256"])
 def test_other_tiles(config):
     _check("e4m3", "e2m1", batch=2, m=300, n=260, k=1056, config=config)
+
+
+@pytest.mark.parametrize("a_kind,b_kind", [("e4m3", "e4m3"), ("e4m3", "e2m1"), ("nvfp4", "nvfp4")])
+@pytest.mark.parametrize("m,n,k,out_dtype", [(129, 200, 1056, "bf16"), (16, 7168, 4096, "fp32")],
+                         ids=["ragged", "decode_split_k"])
+def test_transposed_output(a_kind, b_kind, m, n, k, out_dtype):
+    """transpose_out (OUT_T): the (N, M) product stored by the kernel, ragged and with split-K partials."""
+    _check(a_kind, b_kind, batch=1, m=m, n=n, k=k, out_dtype=out_dtype, transpose_out=True)
 
 
 def test_default_split_k_is_used_for_decode():

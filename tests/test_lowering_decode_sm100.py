@@ -11,6 +11,7 @@ for sm_100 embeds one such kernel. The kernel's numbers: tests/test_gpu_decode_s
 
 from __future__ import annotations
 
+import re
 import types
 
 import numpy as np
@@ -31,6 +32,10 @@ from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
 KINDS = {("e4m3", "e2m1"): "kind::mxf8f6f4.block_scale", ("e4m3", "e4m3"): "kind::mxf8f6f4.block_scale",
          ("e5m2", "e4m3"): "kind::mxf8f6f4.block_scale", ("e2m3", "e3m2"): "kind::mxf8f6f4.block_scale",
          ("e2m1", "e2m1"): "kind::mxf4.block_scale", ("nvfp4", "nvfp4"): "kind::mxf4nvf4.block_scale"}
+
+
+# An XLA transpose of a product (bf16 / f32): the scales' packing into the 5D tcgen05 layout (uint8) is not one.
+_FLOAT_TRANSPOSE = re.compile(r"stablehlo\.transpose [^\n]*: \(tensor<[0-9x]*(?:bf16|f32)>\)")
 
 
 def _problem(x_kind, w_kind, rows=16, n=7168, k=4096, batch=1):
@@ -78,13 +83,16 @@ def test_default_config_splits_k_for_the_weight_tiles():
 
 def test_launch_swaps_operands_and_transposes_the_product(monkeypatch):
     """The launcher's own work, with the kernel replaced: which operand goes where, the folded batch, and the
-    (N, rows) product transposed back to (batch, M, N)."""
+    (N, rows) product asked for transposed, which is the (batch, M, N) result as it comes."""
     p = _problem("e4m3", "e2m1", rows=6, n=256, k=512, batch=2)
     seen = {}
 
-    def fake_launch(ps, a_values, a_scales, b_values, b_scales, alpha, *, config, compute_capability):
-        seen.update(ps=ps, a=a_values, sa=a_scales, b=b_values, sb=b_scales, config=config, cc=compute_capability)
-        return jnp.arange(ps.m * ps.n, dtype=jnp.float32).reshape(1, ps.m, ps.n)
+    def fake_launch(ps, a_values, a_scales, b_values, b_scales, alpha, *, config, compute_capability,
+                    transpose_out=False):
+        seen.update(ps=ps, a=a_values, sa=a_scales, b=b_values, sb=b_scales, config=config, cc=compute_capability,
+                    t=transpose_out)
+        shape = (1, ps.n, ps.m) if transpose_out else (1, ps.m, ps.n)
+        return jnp.arange(ps.m * ps.n, dtype=jnp.float32).reshape(shape)
 
     monkeypatch.setattr(dot_scaled_nvidia, "launch", fake_launch)
     x_values = (jnp.arange(2 * 3 * 512) % 251).astype(jnp.uint8).reshape(2, 3, 512)
@@ -94,11 +102,11 @@ def test_launch_swaps_operands_and_transposes_the_product(monkeypatch):
     config = decode_sm100.default_config(p)
     out = decode_sm100.launch(p, x_values, x_scales, w_values, w_scales, jnp.ones((1,)), config=config,
                               compute_capability=100)
-    assert seen["ps"] == decode_sm100.swapped(p) and seen["config"] == config and seen["cc"] == 100
+    assert seen["ps"] == decode_sm100.swapped(p) and seen["config"] == config and seen["cc"] == 100 and seen["t"]
     assert seen["a"] is w_values and seen["sa"] is w_scales
     np.testing.assert_array_equal(seen["b"], x_values.reshape(6, 512))
     np.testing.assert_array_equal(seen["sb"], x_scales.reshape(6, 16))
-    want = np.arange(256 * 6, dtype=np.float32).reshape(256, 6).T.reshape(2, 3, 256)
+    want = np.arange(256 * 6, dtype=np.float32).reshape(2, 3, 256)  # (rows, N) as the kernel stores it
     np.testing.assert_array_equal(out, want)
 
 
@@ -115,7 +123,7 @@ def test_launch_refuses_what_it_does_not_take(problem, message):
 def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
     """jb.matmul of 16 mxfp8 rows and an mxfp4 weight with the kernel named, lowered for sm_100 through the cuda
     platform (the CUDA plugin serializes the Triton call on a CPU): one embedded kernel, the swapped
-    block-scaled MMA, and the product transposed back."""
+    block-scaled MMA, and no transpose after it."""
     from jax._src.lib import gpu_triton
 
     from jax_blockscale._triton import jt
@@ -132,4 +140,55 @@ def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
     kernels = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
     assert len(kernels) == 1 and "kind::mxf8f6f4.block_scale" in kernels[0]
     assert ".entry scaled_gemm_kernel" in kernels[0]  # dot_scaled_nvidia's kernel, not decode.py's
-    assert "stablehlo.transpose" in lowered.as_text()  # the (N, rows) product back to (rows, N)
+    assert not _FLOAT_TRANSPOSE.search(lowered.as_text())  # the kernel stores the swapped product transposed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dot_scaled_nvidia's transposed store (OUT_T), which this path and the recipes' wgrad on sm_100 use
+
+
+def test_transposed_store_changes_only_the_store():
+    """With OUT_T the sm_100a kernel keeps its block-scaled MMA and stores along the output's columns (the
+    (N, M) slab's rows); without it the code is what it was (the store: 16-byte vectors along N)."""
+    p = GemmProblem(1, False, 300, 520, 1024, "e4m3", "e2m1", "bf16")
+    config = dot_scaled_nvidia.default_config(p)
+
+    def ptx(out_t):
+        constexprs = dict(dot_scaled_nvidia.kernel_constexprs(p, config), OUT_T=out_t)
+        return assembly(compile_kernel(dot_scaled_nvidia.scaled_gemm_kernel, target="sm_100",
+                                       signature=dot_scaled_nvidia.pointer_signature(p), constexprs=constexprs,
+                                       num_warps=config.num_warps, num_stages=config.num_stages))
+
+    plain, transposed = ptx(False), ptx(True)
+    for text in (plain, transposed):
+        assert "kind::mxf8f6f4.block_scale" in text
+    assert "st.global.v4.b32" in plain and "st.global.v4.b32" not in transposed
+    assert "st.global.v2.b32" in transposed
+
+
+def test_matmul_transpose_out_on_sm100_is_one_kernel_and_no_transpose(monkeypatch):
+    """The recipes' wgrad asks for dW transposed: on sm_100 the MX GEMM now writes it so (WRITES_TRANSPOSED),
+    as the Hopper block FP8 kernel does, instead of an XLA transpose after it."""
+    from jax._src.lib import gpu_triton
+
+    from jax_blockscale._triton import jt
+
+    if not hasattr(gpu_triton, "TritonKernel"):  # pragma: no cover - depends on the install
+        pytest.skip("jaxlib's gpu_triton has no Triton call serializer (install jax-cuda13-plugin)")
+    stand_in = types.SimpleNamespace(platform="cuda", device_kind="NVIDIA B200", compute_capability="10.0")
+    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: stand_in)
+    assert dot_scaled_nvidia.WRITES_TRANSPOSED
+    a = jb.quantize_operand(jax.random.normal(jax.random.key(0), (256, 512)), "mxfp8", side="a")
+    b = jb.quantize_operand(jax.random.normal(jax.random.key(1), (384, 512)), "mxfp8", side="b")
+    matmul = jax.jit(lambda a, b: jb.matmul(a, b, target="sm_100", transpose_out=True))
+    lowered = matmul.trace(a, b).lower(lowering_platforms=("cuda",))
+    assert lowered.out_info.shape == (384, 256)
+    (kernel,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    assert "kind::mxf8f6f4.block_scale" in kernel and not _FLOAT_TRANSPOSE.search(lowered.as_text())
+
+
+def test_transposed_store_takes_one_product():
+    p = GemmProblem(2, False, 16, 256, 512, "e4m3", "e4m3", "bf16")
+    with pytest.raises(ValueError, match="one"):
+        dot_scaled_nvidia.launch(p, None, None, None, None, None, config=dot_scaled_nvidia.default_config(p),
+                                 compute_capability=100, transpose_out=True)

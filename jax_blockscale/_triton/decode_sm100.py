@@ -10,16 +10,16 @@ transposed (issue #12's "weight on the MMA's M side"):
 
 with `dot_scaled_nvidia.launch` on the swapped problem: the weight's 128-row tiles are the MMA's M side
 (one tcgen05 instruction's M), the activations one 128-row tile on its N side (rows past `rows` read the
-last row again and are never stored), and split-K while fewer than half the SMs would have a program. The
-weight's scales go into the 5D tcgen05 layout in jnp on every call, as on the large-M path, and the
-(N, rows) product is transposed by XLA afterwards: three kernels per matmul where `decode.py` runs one
-(kind::f16, the codes decoded in registers). Which of the two is faster on a B200 is not known: this
-project has no Blackwell GPU, so dispatch keeps decode.py and this path is opt-in
-(`TileConfig(kernel="decode_sm100")`, best with `default_config`'s fields). One kernel per matmul would need the
-transposed store and the split-K sum in the kernel and the weight's scales stored in the 5D layout when it is
-quantized. The kernel source is `dot_scaled_nvidia.scaled_gemm_kernel`, which runs on
-Hopper for MX pairs (Triton emulates `dot_scaled` there: bf16 upcast + wgmma; not nvfp4) and is tested
-there (tests/test_gpu_decode_sm100.py runs this module on an H100 / H200).
+last row again and are never stored), split-K while fewer than half the SMs would have a program, and the
+(N, rows) product stored transposed by the kernel, which is the (rows, N) wanted. Beside the kernel, the
+weight's scales go into the 5D tcgen05 layout in jnp on every call (as on the large-M path) and XLA sums the
+split-K partials: two to three kernels per matmul, where `decode.py` (kind::f16, the codes decoded in
+registers) runs one. Which of the two is faster on a B200 is not known: this project has no Blackwell GPU,
+so dispatch keeps `decode.py` and this path is opt-in (`TileConfig(kernel="decode_sm100")`, best with
+`default_config`'s fields). One kernel per matmul would need the split-K sum in the kernel and the weight's
+scales stored in the 5D layout when it is quantized. The kernel source is `dot_scaled_nvidia.scaled_gemm_kernel`,
+which runs on Hopper for MX pairs (Triton emulates `dot_scaled` there: bf16 upcast + wgmma; not nvfp4), where
+tests/test_gpu_decode_sm100.py checks this module's numbers.
 
 bf16 activations keep `decode.py`: a dense operand makes Triton's `dot_scaled` a kind::f16 MMA with the
 weight decoded in the kernel, which `decode.py` already is.
@@ -28,7 +28,6 @@ weight decoded in the kernel, which `decode.py` already is.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from . import dot_scaled_nvidia
 from .problem import MX_KINDS, NVFP4, GemmProblem, TileConfig
@@ -69,6 +68,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     rows = p.batch * p.m
     x_values = a_values.reshape(rows, a_values.shape[-1])
     x_scales = a_scales.reshape(rows, a_scales.shape[-1])
-    out_t = dot_scaled_nvidia.launch(swapped(p), b_values, b_scales, x_values, x_scales, alpha, config=config,
-                                     compute_capability=compute_capability)  # (1, N, rows)
-    return jnp.swapaxes(out_t.reshape(p.n, rows), 0, 1).reshape(p.batch, p.m, p.n)
+    # The swapped product is (N, rows); the kernel stores it transposed, which is the (rows, N) wanted.
+    out = dot_scaled_nvidia.launch(swapped(p), b_values, b_scales, x_values, x_scales, alpha, config=config,
+                                   compute_capability=compute_capability, transpose_out=True)  # (1, rows, N)
+    return out.reshape(p.batch, p.m, p.n)

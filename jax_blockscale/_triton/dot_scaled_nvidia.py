@@ -100,9 +100,10 @@ def scaled_gemm_kernel(
     A_FORMAT: tl.constexpr, B_FORMAT: tl.constexpr, A_SCALED: tl.constexpr,
     A_PER_BYTE: tl.constexpr, B_PER_BYTE: tl.constexpr, VEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, OUT_T: tl.constexpr = False,
 ):
-    """out[s, b] = alpha * sum over split s of (a[b] * sa) @ (b[b] * sb).T for one BLOCK_M x BLOCK_N tile.
+    """out[s, b] = alpha * sum over split s of (a[b] * sa) @ (b[b] * sb).T for one BLOCK_M x BLOCK_N tile;
+    OUT_T: each (M, N) slab is stored transposed, (N, M).
 
     Grid: (tiles, batch, SPLIT_K). Batch strides are 0 for an operand without a batch dim.
     """
@@ -137,7 +138,7 @@ def scaled_gemm_kernel(
             acc = tl.dot_scaled(a, None, A_FORMAT, b.T, b_scale, B_FORMAT, acc)
 
     out_base = out_ptr + batch * OUT_BATCH_STRIDE + split.to(tl.int64) * OUT_SPLIT_STRIDE
-    store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+    store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, OUT_T)
 
 
 def _scale_vec(p: GemmProblem) -> int:
@@ -260,19 +261,29 @@ def _kernel_operand(values: jax.Array, scales: jax.Array, kind: str, fold_batch:
     return values, scales
 
 
+# The kernel can write the product transposed (OUT_T): `primitive` asks for it with transpose_out=True when one
+# (M, N) product is wanted as (N, M), e.g. a (K, N) weight's gradient (recipes' wgrad), so that no XLA
+# transpose pass follows the GEMM.
+WRITES_TRANSPOSED = True
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array,
            b_scales: jax.Array, alpha: jax.Array, *, config: TileConfig,
-           compute_capability: int) -> jax.Array:
-    """The (p.batch, p.m, p.n) product of the contract's operands (see problem.py), as p.out_dtype."""
+           compute_capability: int, transpose_out: bool = False) -> jax.Array:
+    """The (p.batch, p.m, p.n) product of the contract's operands (see problem.py), as p.out_dtype; with
+    transpose_out (p.batch == 1 only), (1, p.n, p.m): the product transposed, stored so by the kernel."""
     if NVFP4 in (p.a_kind, p.b_kind) and compute_capability < 100:
         raise ValueError(f"nvfp4 needs sm_100+ (tcgen05 kind::mxf4nvf4); Triton 3.6 has no emulation of it "
                          f"for sm_{compute_capability}")
-    constexprs = kernel_constexprs(p, config)
+    if transpose_out and p.batch != 1:
+        raise ValueError(f"transpose_out takes one (M, N) product, got a batch of {p.batch}")
+    constexprs = dict(kernel_constexprs(p, config), OUT_T=bool(transpose_out))
     out_dtype = OUT_DTYPES[p.out_dtype]
+    slab = (p.n, p.m) if transpose_out else (p.m, p.n)
     if config.split_k > 1:
-        out_shape = jax.ShapeDtypeStruct((config.split_k, p.batch, p.m, p.n), jnp.float32)
+        out_shape = jax.ShapeDtypeStruct((config.split_k, p.batch) + slab, jnp.float32)
     else:
-        out_shape = jax.ShapeDtypeStruct((p.batch, p.m, p.n), out_dtype)
+        out_shape = jax.ShapeDtypeStruct((p.batch,) + slab, out_dtype)
     a_values, a_scales = _kernel_operand(a_values, a_scales, p.a_kind, fold_batch=not p.b_batched)
     b_values, b_scales = _kernel_operand(b_values, b_scales, p.b_kind, fold_batch=False)
     out = jt.call(

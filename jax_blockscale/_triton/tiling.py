@@ -36,13 +36,18 @@ def k_tile_range(K_TILES: tl.constexpr, SPLIT_K: tl.constexpr, AXIS: tl.constexp
 
 @triton.jit
 def store_alpha_tile(acc, alpha_ptr, out_base, pid_m, pid_n, M: tl.constexpr, N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_T: tl.constexpr = False):
     """acc * alpha (nvfp4's product of tensor scales, 1.0 otherwise; linear, so per split-K slice is fine),
-    cast to the output type and stored to the row-major (M, N) slab at `out_base` where in bounds."""
+    cast to the output type and stored to the row-major (M, N) slab at `out_base` where in bounds; OUT_T: to
+    the (N, M) slab, the product transposed (Triton's coalescing pass then converts the tile's layout so that
+    the stores run along M)."""
     acc = acc * tl.load(alpha_ptr)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_ptrs = out_base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    if OUT_T:
+        out_ptrs = out_base + offs_n[None, :].to(tl.int64) * M + offs_m[:, None]
+    else:
+        out_ptrs = out_base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptrs, acc.to(out_base.dtype.element_ty), mask=mask)
 
