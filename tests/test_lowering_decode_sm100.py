@@ -27,6 +27,12 @@ from jax_blockscale import backends, primitive  # noqa: E402
 from jax_blockscale._triton import decode_sm100, dot_scaled_nvidia  # noqa: E402
 from jax_blockscale._triton.compile import assembly, compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem  # noqa: E402
+from jax_blockscale._triton.tiling import store_alpha_tile  # noqa: E402, F401 - the interpreted kernel's helper
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from _interpret import run as interpret  # noqa: E402
 
 # (activations, weight) -> the tcgen05 kind of the swapped product (the weight is the MMA's a operand)
 KINDS = {("e4m3", "e2m1"): "kind::mxf8f6f4.block_scale", ("e4m3", "e4m3"): "kind::mxf8f6f4.block_scale",
@@ -192,3 +198,28 @@ def test_transposed_store_takes_one_product():
     with pytest.raises(ValueError, match="one"):
         dot_scaled_nvidia.launch(p, None, None, None, None, None, config=dot_scaled_nvidia.default_config(p),
                                  compute_capability=100, transpose_out=True)
+
+
+@triton.jit
+def _store_kernel(acc_ptr, alpha_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, OUT_T: tl.constexpr):
+    """One (BLOCK_M, BLOCK_N) tile of a row-major (M, N) float32 array through `store_alpha_tile`."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.load(acc_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask, other=0.0)
+    store_alpha_tile(acc, alpha_ptr, out_ptr, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, OUT_T)
+
+
+@pytest.mark.parametrize("out_t", [False, True])
+def test_store_alpha_tile_in_the_interpreter(out_t):
+    """The store itself, run on the CPU by Triton's interpreter: ragged tiles (70 x 45 in 32 x 16 tiles), alpha
+    applied, every element in its place of the (M, N) or, with OUT_T, (N, M) output and nothing past it."""
+    m, n = 70, 45
+    acc = np.arange(m * n, dtype=np.float32).reshape(m, n)
+    out = np.full((n, m) if out_t else (m, n), -1.0, np.float32)
+    interpret(_store_kernel, (3, 3), acc, np.asarray([0.5], np.float32), out, M=m, N=n, BLOCK_M=32, BLOCK_N=16,
+              OUT_T=out_t)
+    np.testing.assert_array_equal(out, 0.5 * (acc.T if out_t else acc))
