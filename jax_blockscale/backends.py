@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax
 
-from ._triton.problem import BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4
+from ._triton.problem import BLOCK_FP8, DECODE_MAX_ROWS, DENSE_KINDS, MX_KINDS, NVFP4
 
 __all__ = ["Choice", "detect_target", "choose", "TARGETS", "KERNEL_TABLE"]
 
@@ -67,7 +67,6 @@ _WEIGHT_KINDS = MX_KINDS + (NVFP4, BLOCK_FP8)
 _DECODE_PAIRS = frozenset(
     {("bf16", w) for w in _WEIGHT_KINDS} | _MX_PAIRS | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
 )
-DECODE_MAX_ROWS = 64
 _DECODE_SM90 = frozenset(pair for pair in _DECODE_PAIRS if pair[1] in ("e2m1", NVFP4, "e4m3", "e5m2"))
 # The Gluon decode kernel on Hopper (_triton/decode_wgmma.py): fp4 weights with bf16 activations, or with quantized
 # activations of their scale family (MX activations x mxfp4, nvfp4 x nvfp4), decoded once per program.

@@ -135,12 +135,8 @@ def _named_barrier(barrier_id, threads: gl.constexpr, ARRIVE: gl.constexpr, WARP
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ids = gl.full([1], 0, gl.int32, layout) + barrier_id
     counts = gl.full([1], threads, gl.int32, layout)
-    if ARRIVE:
-        gl.inline_asm_elementwise("bar.arrive $1, $2;\n mov.u32 $0, 0;", "=r,r,r", [ids, counts], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise("bar.sync $1, $2;\n mov.u32 $0, 0;", "=r,r,r", [ids, counts], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+    asm: gl.constexpr = ("bar.arrive" if ARRIVE else "bar.sync") + " $1, $2;\n mov.u32 $0, 0;"
+    gl.inline_asm_elementwise(asm, "=r,r,r", [ids, counts], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -580,15 +576,23 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
 
 
 @gluon.jit
-def stage_barriers(STAGES: gl.constexpr):
-    """The stage ring's mbarriers of a warp-specialized GEMM with one TMA loader and two consumers (mx_gluon.py;
-    this module's kernel keeps `ready` and releases its stages by named barrier, see `EMPTY_BARRIER0`): ready[s],
-    completed by stage s's TMA bytes after the loader's expect; empty[s], by one arrival of each consumer
-    once it has read the stage."""
+def ready_barriers(STAGES: gl.constexpr):
+    """ready[s]: completed by stage s's TMA bytes after the loader's expect."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+    return ready
+
+
+@gluon.jit
+def stage_barriers(STAGES: gl.constexpr):
+    """The stage ring's mbarriers of a warp-specialized GEMM with one TMA loader and two consumers (mx_gluon.py;
+    this module's kernel takes `ready_barriers` only and releases its stages by named barrier, see
+    `EMPTY_BARRIER0`): `ready_barriers`, and empty[s], completed by one arrival of each consumer once it has
+    read stage s."""
+    ready = ready_barriers(STAGES)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
         mbarrier.init(empty.index(i), count=2)
     return ready, empty
 
@@ -616,9 +620,7 @@ def block_fp8_gluon_kernel(
     b_desc = tma.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K], b_layout)
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BLOCK_K], a_layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BLOCK_K], b_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    ready = ready_barriers(STAGES)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)

@@ -58,8 +58,8 @@ import triton
 import triton.language as tl
 
 from . import jt
-from .problem import (BLOCK_FP8, DENSE_KINDS, MX_KINDS, NVFP4, OUT_DTYPES, SCALE_BLOCK, GemmProblem, TileConfig,
-                      check_operands)
+from .problem import (BLOCK_FP8, DECODE_MAX_ROWS, DENSE_KINDS, MX_KINDS, NVFP4, OUT_DTYPES, SCALE_BLOCK, GemmProblem,
+                      TileConfig, check_operands)
 from .tiling import k_tile_range
 from .upcast import load_operand, load_scales, minifloat_to_f32, scales_to_f32
 
@@ -71,7 +71,7 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset(
     | {(a, w) for a in MX_KINDS for w in MX_KINDS}
     | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
 )
-MAX_ROWS = 64
+MAX_ROWS = DECODE_MAX_ROWS
 _FMA_MAX_ROWS = 4  # heuristic, to be measured: below it the padded MMA wastes >= 75% of its N side
 _GEMV_MAX_BLOCK_M = 16  # the GEMV's FMAs per weight element grow with the rows; tensor cores beyond
 _TYPICAL_SM_COUNT = 132

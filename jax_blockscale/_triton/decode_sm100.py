@@ -30,13 +30,11 @@ from __future__ import annotations
 import jax
 
 from . import dot_scaled_nvidia
-from .problem import MX_KINDS, NVFP4, GemmProblem, TileConfig
+from .problem import DECODE_MAX_ROWS, MX_KINDS, NVFP4, GemmProblem, TileConfig
 
 SUPPORTED: frozenset[tuple[str, str]] = frozenset(
     {(a, b) for a in MX_KINDS for b in MX_KINDS} | {(NVFP4, NVFP4)}
 )
-MAX_ROWS = 64
-
 
 def swapped(p: GemmProblem) -> GemmProblem:
     """The transposed product's problem: the weight's N rows as M, the activations' rows (batch folded) as N."""
@@ -50,8 +48,8 @@ def check_problem(p: GemmProblem) -> None:
                          f"nvfp4), got {p.a_kind} x {p.b_kind}")
     if p.b_batched:
         raise ValueError("decode_sm100 takes one (unbatched) weight")
-    if p.batch * p.m > MAX_ROWS:
-        raise ValueError(f"decode_sm100 takes at most {MAX_ROWS} activation rows, got {p.batch * p.m}")
+    if p.batch * p.m > DECODE_MAX_ROWS:  # also when named with TileConfig(kernel=...), which skips max_rows
+        raise ValueError(f"decode_sm100 takes at most {DECODE_MAX_ROWS} activation rows, got {p.batch * p.m}")
 
 
 def default_config(p: GemmProblem, target: str = "sm_100") -> TileConfig:

@@ -52,6 +52,9 @@ ELEMENTS_PER_BYTE = {"e2m1": 2, NVFP4: 2}
 SCALE_BLOCK = {**{k: 32 for k in MX_KINDS}, NVFP4: 16, BLOCK_FP8: 128}
 # DeepSeek-V3's block FP8 quantization block along K (and along N for weights).
 SCALE_GROUP = SCALE_BLOCK[BLOCK_FP8]
+# Decode kernels (one unbatched weight): at most this many activation rows (batch * M); dispatch's `max_rows`
+# and the decode launchers' own checks.
+DECODE_MAX_ROWS = 64
 # Output dtypes by name (DTYPE_NAMES inverted).
 OUT_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 # TMA: global strides must be multiples of 16 bytes.
@@ -166,8 +169,7 @@ def check_operands(p: GemmProblem, a_values, a_scales, b_values, b_scales) -> No
             )
 
 
-def fold_batch(p: GemmProblem, a_values: "jax.Array", a_scales: "jax.Array"
-               ) -> tuple[int, int, "jax.Array", "jax.Array"]:
+def fold_batch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array) -> tuple[int, int, jax.Array, jax.Array]:
     """(grid batches, rows per batch, a_values, a_scales). With an unbatched b, batch folds into M: one 2D
     GEMM of B*M rows fills the machine better than B small ones."""
     if p.b_batched:
