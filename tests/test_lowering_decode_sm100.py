@@ -126,10 +126,10 @@ def test_launch_refuses_what_it_does_not_take(problem, message):
         decode_sm100.check_problem(problem)
 
 
-def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
-    """jb.matmul of 16 mxfp8 rows and an mxfp4 weight with the kernel named, lowered for sm_100 through the cuda
-    platform (the CUDA plugin serializes the Triton call on a CPU): one embedded kernel, the swapped
-    block-scaled MMA, and no transpose after it."""
+@pytest.fixture
+def lower_for_sm100(monkeypatch):
+    """Lowers a jitted function for sm_100 through the cuda platform on this CPU (the CUDA plugin serializes the
+    Triton call; the primitive sees a B200): (lowered, the embedded kernels' PTX)."""
     from jax._src.lib import gpu_triton
 
     from jax_blockscale._triton import jt
@@ -138,12 +138,21 @@ def test_jitted_matmul_lowers_to_one_block_scaled_kernel(monkeypatch):
         pytest.skip("jaxlib's gpu_triton has no Triton call serializer (install jax-cuda13-plugin)")
     stand_in = types.SimpleNamespace(platform="cuda", device_kind="NVIDIA B200", compute_capability="10.0")
     monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: stand_in)
+
+    def lower(fn, *args):
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+        return lowered, [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    return lower
+
+
+def test_jitted_matmul_lowers_to_one_block_scaled_kernel(lower_for_sm100):
+    """jb.matmul of 16 mxfp8 rows and an mxfp4 weight with the kernel named, lowered for sm_100: one embedded
+    kernel, the swapped block-scaled MMA, and no transpose after it."""
     x = jb.quantize_operand(jax.random.normal(jax.random.key(0), (2, 8, 512)), "mxfp8", side="a")
     w = jb.quantize_operand(jax.random.normal(jax.random.key(1), (384, 512)), "mxfp4", side="b")
     config = decode_sm100.default_config(GemmProblem(2, False, 8, 384, 512, "e4m3", "e2m1", "bf16"))
-    matmul = jax.jit(lambda x, w: jb.matmul(x, w, target="sm_100", config=config.replace(kernel="decode_sm100")))
-    lowered = matmul.trace(x, w).lower(lowering_platforms=("cuda",))
-    kernels = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
+    lowered, kernels = lower_for_sm100(
+        lambda x, w: jb.matmul(x, w, target="sm_100", config=config.replace(kernel="decode_sm100")), x, w)
     assert len(kernels) == 1 and "kind::mxf8f6f4.block_scale" in kernels[0]
     assert ".entry scaled_gemm_kernel" in kernels[0]  # dot_scaled_nvidia's kernel, not decode.py's
     assert not _FLOAT_TRANSPOSE.search(lowered.as_text())  # the kernel stores the swapped product transposed
@@ -172,24 +181,14 @@ def test_transposed_store_changes_only_the_store():
     assert "st.global.v2.b32" in transposed
 
 
-def test_matmul_transpose_out_on_sm100_is_one_kernel_and_no_transpose(monkeypatch):
+def test_matmul_transpose_out_on_sm100_is_one_kernel_and_no_transpose(lower_for_sm100):
     """The recipes' wgrad asks for dW transposed: on sm_100 the MX GEMM now writes it so (WRITES_TRANSPOSED),
     as the Hopper block FP8 kernel does, instead of an XLA transpose after it."""
-    from jax._src.lib import gpu_triton
-
-    from jax_blockscale._triton import jt
-
-    if not hasattr(gpu_triton, "TritonKernel"):  # pragma: no cover - depends on the install
-        pytest.skip("jaxlib's gpu_triton has no Triton call serializer (install jax-cuda13-plugin)")
-    stand_in = types.SimpleNamespace(platform="cuda", device_kind="NVIDIA B200", compute_capability="10.0")
-    monkeypatch.setattr(primitive, "_lowering_device", lambda ctx: stand_in)
     assert dot_scaled_nvidia.WRITES_TRANSPOSED
     a = jb.quantize_operand(jax.random.normal(jax.random.key(0), (256, 512)), "mxfp8", side="a")
     b = jb.quantize_operand(jax.random.normal(jax.random.key(1), (384, 512)), "mxfp8", side="b")
-    matmul = jax.jit(lambda a, b: jb.matmul(a, b, target="sm_100", transpose_out=True))
-    lowered = matmul.trace(a, b).lower(lowering_platforms=("cuda",))
+    lowered, (kernel,) = lower_for_sm100(lambda a, b: jb.matmul(a, b, target="sm_100", transpose_out=True), a, b)
     assert lowered.out_info.shape == (384, 256)
-    (kernel,) = [k.decode("latin-1") for k in jt.lowered_kernels(lowered)]
     assert "kind::mxf8f6f4.block_scale" in kernel and not _FLOAT_TRANSPOSE.search(lowered.as_text())
 
 
