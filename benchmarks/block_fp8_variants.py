@@ -10,7 +10,8 @@ Every row is checked against the jnp reference (`jb.reference.matmul` on the sam
 before it is timed, and timed as the suite does (R distinct operand sets > 128 MB in one jit, then CUPTI
 kernel time per matmul, `benchmarks/_kernel_time.py`; the cuBLAS row through `_torch.torch_blockwise`,
 torch's `F.scaled_mm` 1x128 x 128x128 on the same bytes). TF/s and ratios use kernel time, which counts
-every kernel one matmul launches (the XLA transpose of `:at` configs included).
+every kernel one matmul launches (the XLA transpose of `:at` configs included); each row's first line also
+prints its wall clock (median per matmul over the timing loop, host launch gaps included) beside.
 
 Why `--rounds`: an H100's clock drifts with power and temperature, so one kernel measured twice a minute
 apart differed by up to 8% on a shape, more than the changes being compared. With N rounds every row of a
@@ -139,8 +140,9 @@ def run(shapes, specs, cfg: TimingConfig, budget_s: float, rounds: int = 1) -> d
             tf = flops / us / 1e6 if math.isfinite(us) else math.nan
             rates.setdefault(label, {})[case] = tf
             base = rates.get("cuBLAS", {}).get(case, math.nan)
+            wall = o.timing.median_s * 1e6 if o.timing is not None else math.nan
             print(f"  {case:<18} {label:<22} {o.status:<12} kernel {us:9.1f} us {tf:7.1f} TF/s "
-                  f"x{tf / base:5.2f} cuBLAS  err {o.rel_err:.1e}  {o.note[:90]}", flush=True)
+                  f"x{tf / base:5.2f} cuBLAS  wall {wall:9.1f} us  err {o.rel_err:.1e}  {o.note[:90]}", flush=True)
             if math.isfinite(us) and o.reprofile is not None:
                 timed[label] = (us, o.reprofile)
         if rounds > 1 and "cuBLAS" in timed:
