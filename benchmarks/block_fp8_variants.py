@@ -28,8 +28,7 @@ Config specs (`--configs`, comma-separated; tokens joined by ':'):
                  3 stages, or 128 x 128 tiles, 4 stages, where those need fewer waves of tiles)
 then modifiers: BMxBN tile (e.g. 128x64), wN warps, sN stages, gN group_m, smsN programs, rN registers per
 thread at most (PTX .maxnreg), flat (flatten
-the tile and K loops), pf (scales prefetched a K step ahead), at (activation scales transposed by XLA),
-split / nosplit (the Gluon kernel's last wave split into K chunks, on / off).
+the tile and K loops), pf (scales prefetched a K step ahead), at (activation scales transposed by XLA).
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
                          persistent=True)
     else:
         raise ValueError(f"config {spec!r}: unknown base {base!r} (old, tma, ws, p, gluon)")
-    flags = {"flat": "flatten", "pf": "prefetch_scales", "at": "a_scales_t", "split": "split_last_wave",
-             "nosplit": "split_last_wave"}
+    flags = {"flat": "flatten", "pf": "prefetch_scales", "at": "a_scales_t"}
     numbers = {"w": "num_warps", "s": "num_stages", "g": "group_m", "sms": "num_sms", "r": "max_registers"}
     for mod in mods:
         tile = re.fullmatch(r"(\d+)x(\d+)", mod)
@@ -92,7 +90,7 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
         elif number:
             cfg = cfg.replace(**{numbers[number[1]]: int(number[2])})
         elif mod in flags:
-            cfg = cfg.replace(**{flags[mod]: not mod.startswith("no")})
+            cfg = cfg.replace(**{flags[mod]: True})
         else:
             raise ValueError(f"config {spec!r}: unknown modifier {mod!r}")
     return cfg

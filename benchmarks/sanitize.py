@@ -125,11 +125,6 @@ def _matmul_cases(small: bool):
         ("block_fp8_gluon", "batched_3_programs", "fp8_block", "fp8_block", (2, 300, 384), 333,
          TileConfig(block_m=128, block_n=256, block_k=128, num_warps=4, num_stages=3, num_sms=3,
                     kernel="block_fp8_gluon")),
-        # ... and with its last wave split: 32 tiles on 5 programs, the last 2 in K chunks (workspace, counters,
-        # fixup).
-        ("block_fp8_gluon", "split_last_wave_5_programs", "fp8_block", "fp8_block", (1000, 2048), 1000,
-         TileConfig(block_m=128, block_n=256, block_k=128, num_warps=4, num_stages=3, num_sms=5,
-                    split_last_wave=True, kernel="block_fp8_gluon")),
         # The opt-in one-kernel Hopper MX GEMM (TMA tiles decoded before a bf16 wgmma).
         ("hopper_mx", "bf16_mma", "mxfp8", "mxfp4", (129, 320), 260,
          TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, kernel="hopper_mx")),

@@ -147,39 +147,6 @@ def test_gluon_full_k_matches_persistent_and_is_deterministic(gluon, persistent,
     assert np.array_equal(np.asarray(new).view(np.uint16), np.asarray(again).view(np.uint16))
 
 
-@pytest.mark.parametrize("m,n,k,out,sms,block_n,transpose", [
-    (2048, 2304, 1024, "bf16", 132, 256, False),  # 144 tiles on 132 programs: the last 12 in 2 K chunks
-    (1000, 1000, 2048, "fp32", 5, 256, False),    # ragged; 32 tiles on 5 programs: the last 2 in 2 chunks
-    (1000, 1000, 2048, "bf16", 6, 128, False),    # narrow tiles: 64 on 6 programs, the last 4 in 3 chunks
-    (1000, 1000, 4096, "bf16", 9, 256, False),    # 7 chunks of 4-5 K blocks (MAX_CHUNKS nearly)
-    (1000, 1000, 2048, "bf16", 7, 256, True),     # the product transposed (TMA store)
-    (333, 1000, 2048, "bf16", 5, 256, True),      # transposed, (N, M) rows not 16-byte aligned: pointer store
-])
-def test_gluon_split_last_wave(gluon, capability, m, n, k, out, sms, block_n, transpose):
-    """split_last_wave=True: the last wave's tiles in K chunks that the programs take in turn, each tile
-    summed by its last chunk to arrive; against the reference, bitwise equal run to run, and close to the
-    whole-tile kernel's result (the chunks change the order of the fp32 sums, so not its bits)."""
-    import functools
-
-    import jax
-
-    p = fp8(1, False, m, n, k, out)
-    config = gluon.WIDE_TILES.replace(block_n=block_n, num_sms=sms, split_last_wave=True)
-    tiles = -(-m // 128) * -(-n // block_n)
-    assert gluon.split_chunks(tiles, min(sms, tiles), k // 128, True, gluon.light_columns(n, block_n)) > 1
-    operands, ref = make_case(p, k_live=p.k)  # every K block live: each chunk adds its own part
-    fn = jax.jit(functools.partial(gluon.launch, p, config=config, compute_capability=capability,
-                                   transpose_out=transpose))
-    got = np.asarray(fn(*operands))
-    again = np.asarray(fn(*operands))
-    assert np.array_equal(got.view(np.uint8), again.view(np.uint8))
-    if transpose:
-        got = np.ascontiguousarray(np.swapaxes(got, 1, 2))
-    assert_close(got, ref, tolerance(p))
-    whole = run(gluon, p, operands, capability, config.replace(split_last_wave=False))
-    assert_close(got, np.asarray(whole).astype(np.float32), tolerance(p))
-
-
 @pytest.mark.parametrize("tiles", ["WIDE_TILES", "NARROW_TILES"])
 @pytest.mark.parametrize("m,n,k,out", [
     (2048, 2304, 1024, "bf16"),   # the TMA store through a transposed shared buffer

@@ -31,18 +31,15 @@ from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 
 from test_lowering_hopper_tma import TMA_LOAD, WGMMA_FP8  # noqa: E402
 
-GEMM_SIG = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
-            "alpha_ptr": "*fp32", "out_ptr": "*bf16"}
-SIG = {**GEMM_SIG, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}  # + the split last wave's workspace and counters
+SIG = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32",
+       "alpha_ptr": "*fp32", "out_ptr": "*bf16"}
 BIG = GemmProblem(1, False, 8192, 8192, 8192, "block_fp8", "block_fp8", "bf16")
 
 
-def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True, split_last_wave=False,
-             trans_out=False):
+def _compile(m=8192, n=8192, k=8192, block_n=256, stages=3, tma_store=True):
     config = bg.default_config(BIG).replace(block_n=block_n, num_stages=stages)
     constexprs = dict(M=m, N=n, K=k, BLOCK_M=128, BLOCK_N=block_n, GROUP_M=8, NUM_SMS=132, STAGES=stages,
-                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16), SPLIT_LAST_WAVE=split_last_wave,
-                      TRANS_OUT=trans_out)
+                      TMA_STORE=tma_store, EPI_BUFS=bg.epilogue_buffers(config, jnp.bfloat16))
     return compile_kernel(bg.block_fp8_gluon_kernel, target="sm_90", signature=SIG, constexprs=constexprs,
                           num_warps=4, num_stages=stages, maxnreg=bg.MAX_REGISTERS)
 
@@ -298,11 +295,10 @@ def test_matmul_lowers_to_one_launch():
     (kernel,) = jt.lowered_kernels(lowered)
     text = kernel.decode("latin-1")
     assert ".entry block_fp8_gluon_kernel" in text and ".maxnreg 168" in text
-    # 16 x 8 = 128 tiles of 128 x 256: 128 programs (one full wave: no split tiles' workspace, one-element
-    # placeholders for it), the output plus the descriptors' scratch; no transpose.
+    # 16 x 8 = 128 tiles of 128 x 256: 128 programs, one output plus the descriptors' scratch; no transpose.
     hlo = lowered.as_text()
-    assert re.search(r"stablehlo.custom_call @triton_kernel_call.*-> \(tensor<2048x2048xbf16>, tensor<1xf32>, "
-                     r"tensor<1xi32>, tensor<\d+xui8>, tensor<128xui8>\)", hlo)
+    assert re.search(r"stablehlo.custom_call @triton_kernel_call.*-> \(tensor<2048x2048xbf16>, "
+                     r"tensor<\d+xui8>, tensor<128xui8>\)", hlo)
     assert "stablehlo.transpose" not in hlo
 
 
@@ -330,7 +326,7 @@ def test_scratch_call_caps_registers():
     constexprs = dict(M=8192, N=8192, K=8192, BATCHES=1, B_BATCHED=False, BLOCK_M=128, BLOCK_N=128, GROUP_M=8,
                       NUM_SMS=132, NUM_STAGES=2, WARP_SPECIALIZE=False, FLATTEN=False, TMA_STORE=True,
                       PREFETCH_SCALES=True, A_SCALES_T=False)
-    sig = tuple(GEMM_SIG.items())
+    sig = tuple(SIG.items())
     capped = launch._compile(bp.persistent_block_fp8_kernel, sig, tuple(sorted(constexprs.items())), 8, 2, "sm_90",
                              128)
     assert ".maxnreg 128" in assembly(capped)
@@ -377,47 +373,3 @@ def test_matmul_transpose_out_lowers_without_a_transpose(m, kernel_transposes):
     assert (".entry block_fp8_gluon_kernel" in text) == kernel_transposes
     assert ("stablehlo.transpose" not in hlo) == kernel_transposes
     assert f"-> (tensor<2176x{m}xbf16>" in hlo.split("func.func public @main")[1].split("\n")[0]
-
-
-@pytest.mark.parametrize("programs", [1, 5, 7, 66, 132])
-@pytest.mark.parametrize("k_blocks", [1, 3, 8, 16, 64])
-def test_split_last_wave_covers_every_k_block_once(programs, k_blocks):
-    """The kernel's walk over the last wave's K chunks (`_split_unit`, the loader's and consumers' loops over
-    u = pid, pid + programs, ...), replayed in Python: every K block of the split tiles is multiplied by
-    exactly one unit, every chunk has at least MIN_CHUNK_BLOCKS blocks, and the chunks' rounds take less
-    time than the whole tiles' single round."""
-    for tiles in range(1, 3 * programs + 2):
-        chunks = bg.split_chunks(tiles, programs, k_blocks, True)
-        split = bg.split_tiles(tiles, programs, chunks)
-        assert 1 <= chunks <= bg.MAX_CHUNKS and (split == 0) == (chunks == 1)
-        if chunks == 1:
-            continue
-        assert split == tiles % programs
-        seen = []
-        for q in range(programs):
-            for u in range(q, split * chunks, programs):
-                c, j = u // split, u % split
-                k0, k1 = c * k_blocks // chunks, (c + 1) * k_blocks // chunks
-                assert k1 - k0 >= bg.MIN_CHUNK_BLOCKS
-                seen += [(j, kb) for kb in range(k0, k1)]
-        assert sorted(seen) == [(j, kb) for j in range(split) for kb in range(k_blocks)]
-        assert -(-split * chunks // programs) < chunks
-    assert bg.split_chunks(2048, 132, 64, True) == 7  # 8192^3: 68 tiles left, 4 rounds of 1/7
-    assert bg.split_chunks(2048, 132, 64, False) == 1 and bg.split_chunks(300, 132, 64, True, light=64) == 1
-
-
-@pytest.mark.parametrize("block_n,stages", [(256, 3), (128, 4)])
-def test_split_last_wave_keeps_its_registers(block_n, stages, tmp_path):
-    """With the last wave split the kernel adds the fixup (workspace stores, one acq_rel atomic per consumer
-    and chunk, the last chunk's loads of the others' slots), keeps every wgmma asynchronous and spills at most
-    one register; without it, no atomic is compiled in."""
-    compiled = _compile(block_n=block_n, stages=stages, split_last_wave=True)
-    ptx = assembly(compiled)
-    assert "atom.global.gpu.acq_rel.add" in ptx
-    report = _ptxas(ptx, tmp_path)
-    assert "C7514" not in report and "C7515" not in report
-    # ptxas keeps at most one 4-byte value on the stack (stored once, reloaded once: in the kernel's prologue
-    # with 256-wide tiles, around the split units with 128-wide ones); the K loops spill nothing.
-    spilled = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert int(spilled[1]) <= 4 and int(spilled[2]) <= 4
-    assert "atom.global" not in assembly(_compile(block_n=block_n, stages=stages))

@@ -112,42 +112,6 @@ def light_columns(n: int, block_n: int) -> int:
     return 0
 
 
-# Split-tile limits: at most MAX_CHUNKS chunks per tile, each of at least MIN_CHUNK_BLOCKS K blocks (a chunk pays a
-# pipeline fill and a fixup).
-MAX_CHUNKS = 8
-MIN_CHUNK_BLOCKS = 4
-
-
-@gluon.constexpr_function
-def split_chunks(tiles: int, programs: int, k_blocks: int, enabled: bool, light: int = 0) -> int:
-    """K chunks per tile of the last, partly filled wave (`tiles % programs` tiles), or 1: no split.
-
-    Why: programs run whole tiles, so where the tile count is w + f waves (0 < f < 1) the last wave keeps
-    only f of the SMs busy: at 8192^3, 2048 tiles of 128 x 256 are 15.52 waves, run in 16, and the suite's
-    other large shapes lose about as much. Split into S chunks along K, the last wave's tiles are
-    ceil(f * S) rounds of 1/S tile each, every program taking chunk after chunk (`_split_units`); S
-    minimizes that (8192^3: 68 tiles, S = 7, 4 rounds of 1/7: 0.57 of a tile instead of 1). Chunks are
-    ordered chunk-major, so the programs of a round mostly read the same K range, as a whole wave does: an
-    even split of the last waves' K blocks over the programs (stream-K proper) put concurrent programs at
-    unrelated K offsets and ran 0.83-0.89x as fast at 4096 x {4096, 7168, 8192} (H200, 2026-12-02; L2 reuse
-    between programs lost)."""
-    rest = tiles % programs
-    if not enabled or light or rest == 0:
-        return 1
-    best, best_rounds = 1, 1.0
-    for s in range(2, min(MAX_CHUNKS, k_blocks // MIN_CHUNK_BLOCKS) + 1):
-        rounds = -(-rest * s // programs) / s
-        if rounds < best_rounds - 1e-9:
-            best, best_rounds = s, rounds
-    return best
-
-
-@gluon.constexpr_function
-def split_tiles(tiles: int, programs: int, chunks: int) -> int:
-    """How many of the last tiles (grouped order) run in K chunks (`split_chunks`): the last wave's, or 0."""
-    return tiles % programs if chunks > 1 else 0
-
-
 @gluon.constexpr_function
 def _grouped_columns(n: int, block_n: int, light: int) -> int:
     """Column tiles that run in grouped order: all of them, or (light > 0) all but the light last one."""
@@ -206,10 +170,10 @@ def _program_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOC
 
 @gluon.jit
 def _full_tiles(M: gl.constexpr, N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr, SK_TILES: gl.constexpr = 0):
-    """How many of this program's tiles are full-width ones that it runs whole; the rest (light tiles,
-    `light_columns`; or the last SK_TILES, split along K: `split_chunks`) follow them."""
-    return _tiles_below(((M + BLOCK_M - 1) // BLOCK_M) * _grouped_columns(N, BLOCK_N, LIGHT_N) - SK_TILES, NUM_SMS)
+                NUM_SMS: gl.constexpr, LIGHT_N: gl.constexpr):
+    """How many of this program's tiles are full-width ones; the rest (light tiles, `light_columns`) follow
+    them."""
+    return _tiles_below(((M + BLOCK_M - 1) // BLOCK_M) * _grouped_columns(N, BLOCK_N, LIGHT_N), NUM_SMS)
 
 
 @gluon.jit
@@ -219,18 +183,12 @@ def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLO
     (tiling.grouped_tile's order: GROUP_M row tiles at a time, so the programs of a wave share B tiles in
     L2). With LIGHT_N > 0 the last column of tiles is light (`light_columns`) and its tiles come after all
     the others, one per row tile: they fill the last wave, where they cost a fraction of a full tile."""
-    return _tile_coords(gl.program_id(0) + t * NUM_SMS, M, N, GROUP_M, BLOCK_M, BLOCK_N, LIGHT_N)
-
-
-@gluon.jit
-def _tile_coords(tile, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, LIGHT_N: gl.constexpr = 0):
-    """First row and column of tile `tile` in grouped order (`_tile_origin`)."""
     TILES_M: gl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
     FULL_N: gl.constexpr = _grouped_columns(N, BLOCK_N, LIGHT_N)
     FULL: gl.constexpr = TILES_M * FULL_N
     LAST_FULL: gl.constexpr = FULL - 1
     per_group: gl.constexpr = GROUP_M * FULL_N
+    tile = gl.program_id(0) + t * NUM_SMS
     if FULL_N == 0:  # only light tiles (N <= LIGHT_N)
         first_m = tile * BLOCK_M
         first_n = tile * 0
@@ -254,25 +212,27 @@ def _tile_coords(tile, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, 
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
             TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-            LIGHT_N: gl.constexpr, SK_TILES: gl.constexpr, SK_CHUNKS: gl.constexpr):
+            LIGHT_N: gl.constexpr):
     """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES;
     a light tile's steps hold LIGHT_KB K blocks each (`_light_stage`). (Gluon gives every worker partition
     one signature: the consumer's, whose arguments this one mostly ignores.)"""
     a_desc, b_desc, _, light_desc = descs
+    a_bufs, b_bufs, _ = bufs
+    ready, _ = bars
     SCALE_K: gl.constexpr = K // 128
     step = 0
-    full = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N, SK_TILES)
+    full = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
     for t in range(full):
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         for kb in range(SCALE_K):
-            _load_stage(step, row, col, kb, a_desc, b_desc, bufs, bars, STAGES)
+            s = step % STAGES
+            if step >= STAGES:  # the first pass over the stages waits for nothing
+                _wait_released(s)
+            bar = ready.index(s)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar, a_bufs.index(s))  # zero past M, K
+            tma.async_copy_global_to_shared(b_desc, [col, kb * 128], bar, b_bufs.index(s))
             step += 1
-    if SK_TILES > 0:  # this program's chunks of the last wave's tiles, in the consumers' order
-        for u in range(gl.program_id(0), SK_TILES * SK_CHUNKS, NUM_SMS):
-            row, col, k0, k1 = _split_unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SK_TILES, SK_CHUNKS)
-            for kb in range(k0, k1):
-                _load_stage(step, row, col, kb, a_desc, b_desc, bufs, bars, STAGES)
-                step += 1
     if LIGHT_N > 0:
         LIGHT_KB: gl.constexpr = _light_k_blocks(BLOCK_N, LIGHT_N)
         for t in range(full, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS)):
@@ -286,39 +246,6 @@ def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.con
     # The consumers' last releases: every arrival on a named barrier is waited for before the program ends.
     for i in range(gl.maximum(step - STAGES, 0), step):
         _wait_released(i % STAGES)
-
-
-@gluon.jit
-def _load_stage(step, row, col, kb, a_desc, b_desc, bufs, bars, STAGES: gl.constexpr):
-    """The loader's step of a full tile: K block kb of its activation and weight rows into stage
-    step % STAGES, once both consumers have released it (the first pass over the stages waits for nothing)."""
-    a_bufs, b_bufs, _ = bufs
-    ready, _ = bars
-    s = step % STAGES
-    if step >= STAGES:
-        _wait_released(s)
-    bar = ready.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(a_desc, [row, kb * 128], bar, a_bufs.index(s))  # zero past M, K
-    tma.async_copy_global_to_shared(b_desc, [col, kb * 128], bar, b_bufs.index(s))
-
-
-@gluon.constexpr_function
-def _tile_count(m: int, n: int, block_m: int, block_n: int) -> int:
-    return triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-
-
-@gluon.jit
-def _split_unit(u, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                GROUP_M: gl.constexpr, SK_TILES: gl.constexpr, SK_CHUNKS: gl.constexpr):
-    """Split unit u (programs take u = pid, pid + NUM_SMS, ...): chunk u // SK_TILES of split tile u % SK_TILES
-    (chunk-major: a round of units mostly shares one K range). Returns the tile's first row and column and
-    the chunk's K blocks [k0, k1)."""
-    SCALE_K: gl.constexpr = K // 128
-    c = u // SK_TILES
-    row, col = _tile_coords(_tile_count(M, N, BLOCK_M, BLOCK_N) - SK_TILES + u % SK_TILES, M, N, GROUP_M, BLOCK_M,
-                            BLOCK_N)
-    return row, col, c * SCALE_K // SK_CHUNKS, (c + 1) * SCALE_K // SK_CHUNKS
 
 
 @gluon.jit
@@ -544,10 +471,7 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
     quarter of a full tile's wgmma work per K block, so its steps are as short as the stage ring's latency
     allows: alone on the GPU a light tile took longer than a full one did (39.5 against 30.7 us at K = 7168,
     H100). Two blocks per stage double the K blocks in flight."""
-    a_scale_ptr = ptrs[0]
-    b_scale_ptr = ptrs[1]
-    out_ptr = ptrs[2]
-    alpha_ptr = ptrs[3]
+    a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
     ROWS: gl.constexpr = BLOCK_M // 2
     LIGHT_KB: gl.constexpr = _light_k_blocks(BLOCK_N, LIGHT_N)
@@ -585,111 +509,15 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
 
 
 @gluon.jit
-def _split_units(step, partial, descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
-                 STAGES: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
-                 WG: gl.constexpr, SK_TILES: gl.constexpr, SK_CHUNKS: gl.constexpr, mma_layout: gl.constexpr):
-    """This consumer's rows of the program's units of the last wave's split tiles (`split_chunks`,
-    `_split_unit`): each chunk's K blocks promoted as in a whole tile, then handed to `_split_fixup`."""
-    a_scale_ptr = ptrs[0]
-    b_scale_ptr = ptrs[1]
-    SCALE_K: gl.constexpr = K // 128
-    SCALE_N: gl.constexpr = (N + 127) // 128
-    ROWS: gl.constexpr = BLOCK_M // 2
-    SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    for u in range(gl.program_id(0), SK_TILES * SK_CHUNKS, NUM_SMS):
-        row, col, k0, k1 = _split_unit(u, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, SK_TILES, SK_CHUNKS)
-        rows = row + WG * ROWS + gl.arange(0, ROWS, layout=row_layout)
-        row_ok = rows < M
-        a_s_ptrs = a_scale_ptr + rows * SCALE_K
-        b_s_ptr = b_scale_ptr + (col // 128) * SCALE_K
-        second_ok = col // 128 + 1 < SCALE_N
-        a_s = gl.load(a_s_ptrs + k0, mask=row_ok, other=0.0)
-        b_s0 = gl.load(b_s_ptr + k0)
-        b_s1 = b_s0
-        if SPLIT == 2:
-            b_s1 = gl.load(b_s_ptr + SCALE_K + k0, mask=second_ok, other=0.0)
-        # every chunk has >= MIN_CHUNK_BLOCKS K blocks; its first step starts the accumulators
-        acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
-            step, k0, partial, partial, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, partial,
-            partial, 0, bufs, bars, descs[2], ptrs[2], M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
-            TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, True, 0)
-        step += 1
-        for kb in range(k0 + 1, k1):
-            acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
-                step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, partial,
-                partial, 0, bufs, bars, descs[2], ptrs[2], M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
-                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, 0)
-            step += 1
-        _split_fixup(acc0, acc1, u, row, col, rows, descs, bufs, ptrs, M, N, BLOCK_M, BLOCK_N, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, WG, SK_TILES, SK_CHUNKS, mma_layout)
-    return partial
-
-
-@gluon.jit
-def _workspace_block(ws_ptr, slot, sub: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr,
-                     mma_layout: gl.constexpr):
-    """Pointers to this consumer's (64, 128) block `sub` of workspace slot `slot`: slots are (2, 64, BLOCK_N)
-    fp32, one (64, BLOCK_N) half per consumer."""
-    ROWS: gl.constexpr = 64
-    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_layout))
-    c = gl.arange(0, SUBTILE_N, layout=gl.SliceLayout(0, mma_layout))
-    base = ws_ptr + (slot * 2 + WG).to(gl.int64) * (ROWS * BLOCK_N) + sub * SUBTILE_N
-    return base + r[:, None] * BLOCK_N + c[None, :]
-
-
-@gluon.jit
-def _split_fixup(acc0, acc1, u, row, col, rows, descs, bufs, ptrs, M: gl.constexpr, N: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr,
-                 EPI_BUFS: gl.constexpr, WG: gl.constexpr, SK_TILES: gl.constexpr, SK_CHUNKS: gl.constexpr,
-                 mma_layout: gl.constexpr):
-    """Unit u's chunk sums: this consumer writes them to workspace slot u, then counts itself on its tile's
-    counter (one per consumer: the two own disjoint rows). The last of the tile's SK_CHUNKS chunks to count
-    sums the tile's slots in chunk order and stores the tile: which chunk arrives last varies, the order of
-    the sum does not, so the result is bitwise deterministic. Nobody waits for anybody, so no program
-    depends on another being resident.
-
-    Memory order: every thread's slot stores, then the warp group's barrier, then one thread's acq_rel
-    atomic at GPU scope (it releases the group's stores); the last arriver's atomic acquires the others'
-    releases, and the barrier that hands its result to the group orders the group's loads after it."""
-    ws_ptr = ptrs[4]
-    cnt_ptr = ptrs[5]
-    j = u % SK_TILES
-    gl.store(_workspace_block(ws_ptr, u, 0, BLOCK_N, WG, mma_layout), acc0)
-    if BLOCK_N == 2 * SUBTILE_N:
-        gl.store(_workspace_block(ws_ptr, u, 1, BLOCK_N, WG, mma_layout), acc1)
-    gl.thread_barrier()
-    arrived = gl.atomic_add(cnt_ptr + j * 2 + WG, 1, sem="acq_rel", scope="gpu")
-    if arrived == SK_CHUNKS - 1:
-        out_ptr = ptrs[2]
-        alpha = gl.load(ptrs[3])
-        c_bufs = bufs[2]
-        ROWS: gl.constexpr = BLOCK_M // 2
-        for sub in gl.static_range(BLOCK_N // SUBTILE_N):
-            total = gl.load(_workspace_block(ws_ptr, j, sub, BLOCK_N, WG, mma_layout), cache_modifier=".cg")
-            for c in gl.static_range(1, SK_CHUNKS):
-                total += gl.load(_workspace_block(ws_ptr, c * SK_TILES + j, sub, BLOCK_N, WG, mma_layout),
-                                 cache_modifier=".cg")
-            _store_subtile((total * alpha).to(out_ptr.dtype.element_ty), row + WG * ROWS, col + sub * SUBTILE_N,
-                           rows, c_bufs.index(WG * EPI_BUFS + sub * (EPI_BUFS - 1)), descs[2], out_ptr, M, N,
-                           TMA_STORE, TRANS_OUT, EPI_BUFS, mma_layout)
-
-
-@gluon.jit
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
               TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-              LIGHT_N: gl.constexpr, SK_TILES: gl.constexpr, SK_CHUNKS: gl.constexpr):
+              LIGHT_N: gl.constexpr):
     """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block
-    (`_k_step`); then this program's chunks of the last wave's split tiles (`_split_units`) or its light
-    tiles, if any (`_light_tiles`)."""
+    (`_k_step`); then this program's light tiles, if any (`_light_tiles`)."""
     out_desc = descs[2]
     c_bufs = bufs[2]
-    a_scale_ptr = ptrs[0]
-    b_scale_ptr = ptrs[1]
-    out_ptr = ptrs[2]
-    alpha_ptr = ptrs[3]
+    a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr = ptrs
     SCALE_K: gl.constexpr = K // 128
     SCALE_N: gl.constexpr = (N + 127) // 128
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -705,7 +533,7 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     # The previous tile's output subtiles, converted (bf16 / fp32 registers) but not yet stored.
     out0 = partial.to(out_ptr.dtype.element_ty)
     out1 = out0
-    tiles = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N, SK_TILES)
+    tiles = _full_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
     step = 0
     for t in range(tiles):
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
@@ -740,9 +568,6 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     if SPLIT == 2:
         _previous_tile_subtile(out1, tiles, 1, c_bufs, out_desc, out_ptr, M, N, BLOCK_M, BLOCK_N, GROUP_M,
                                NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
-    if SK_TILES > 0:
-        partial = _split_units(step, partial, descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS,
-                               STAGES, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, SK_TILES, SK_CHUNKS, mma_layout)
     if LIGHT_N > 0:
         _light_tiles(step, tiles, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS), bufs, bars, ptrs, M, N, K,
                      BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N)
@@ -774,10 +599,10 @@ def stage_barriers(STAGES: gl.constexpr):
 
 @gluon.jit
 def block_fp8_gluon_kernel(
-    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr, ws_ptr, cnt_ptr,
+    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False, SPLIT_LAST_WAVE: gl.constexpr = False,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
@@ -788,9 +613,6 @@ def block_fp8_gluon_kernel(
     """
     BLOCK_K: gl.constexpr = 128  # one promotion per K step: the scale block is the K tile
     LIGHT_N: gl.constexpr = light_columns(N, BLOCK_N)  # 0: no light tiles
-    SK_CHUNKS: gl.constexpr = split_chunks(_tile_count(M, N, BLOCK_M, BLOCK_N), NUM_SMS, K // 128, SPLIT_LAST_WAVE,
-                                           LIGHT_N)
-    SK_TILES: gl.constexpr = split_tiles(_tile_count(M, N, BLOCK_M, BLOCK_N), NUM_SMS, SK_CHUNKS)
     ROWS: gl.constexpr = BLOCK_M // 2
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv)
     b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv)
@@ -820,14 +642,14 @@ def block_fp8_gluon_kernel(
     descs = (a_desc, b_desc, out_desc, light_desc)
     bufs = (a_bufs, b_bufs, c_bufs)
     bars = (ready, turn)
-    ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr, ws_ptr, cnt_ptr)
+    ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N, SK_TILES, SK_CHUNKS)),
+                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N, SK_TILES, SK_CHUNKS)),
+                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N)),
         (_loader, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N, SK_TILES, SK_CHUNKS)),
+                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -950,25 +772,17 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if transpose_out and p.batch != 1:
         raise ValueError(f"transpose_out takes one (M, N) product, got a batch of {p.batch}")
     _, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
-    tiles = _tile_count(rows, p.n, config.block_m, config.block_n)
+    tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(p.n, config.block_n)
     programs = min(config.num_sms, tiles)
     out_dtype = OUT_DTYPES[p.out_dtype]
-    chunks = split_chunks(tiles, programs, p.k // SCALE_GROUP, config.split_last_wave, light_columns(p.n, config.block_n))
-    sk_tiles = split_tiles(tiles, programs, chunks)
-    # The split tiles' workspace (a (BLOCK_M, BLOCK_N) fp32 slot per chunk) and their per-tile, per-consumer
-    # arrival counters, which start at zero; one-element placeholders without split tiles.
-    slots = sk_tiles * chunks * config.block_m * config.block_n if sk_tiles else 1
-    out, _, _ = scratch.scratch_call(
+    out = scratch.scratch_call(
         block_fp8_gluon_kernel, a_values.reshape(rows, p.k), a_scales.reshape(rows, p.k // SCALE_GROUP),
         b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
-        out_shape=(jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), out_dtype),
-                   jax.ShapeDtypeStruct((slots,), jnp.float32),
-                   jax.ShapeDtypeStruct((max(2 * sk_tiles, 1),), jnp.int32)),
-        zeroed_outputs=(2,) if sk_tiles else (),
+        out_shape=jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), out_dtype),
         grid=(programs, 1, 1), num_warps=4, num_stages=config.num_stages, compute_capability=compute_capability,
         name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, STAGES=config.num_stages,
         TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-        TRANS_OUT=bool(transpose_out), SPLIT_LAST_WAVE=bool(config.split_last_wave),
+        TRANS_OUT=bool(transpose_out),
     )
     return out.reshape((1, p.n, p.m) if transpose_out else (p.batch, p.m, p.n))

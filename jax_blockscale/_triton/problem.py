@@ -114,9 +114,6 @@ class TileConfig:
     prefetch_scales: bool = False
     a_scales_t: bool = False
     num_sms: int = HOPPER_SMS
-    # Gluon block FP8 kernel (block_fp8_gluon.py; ignored elsewhere): the tiles of a partly filled last wave
-    # split into K chunks that every program takes in turn (block_fp8_gluon.split_chunks).
-    split_last_wave: bool = False
     # Registers per thread capped (PTX .maxnreg; 0: the compiler's choice), e.g. 128 so that two 8-warp
     # programs share an SM and one's promotion overlaps the other's wgmma.
     max_registers: int = 0
