@@ -226,11 +226,10 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "persistent, warp-specialized Gluon kernel: a TMA loader warp and two consumer warp groups "
                     "taking turns, so one promotes (fp32, per 128-K block) while the other's fp8 wgmma runs; "
                     "128 x 256 tiles (128 x 128 where fewer waves), a tile's stores overlapped with the next "
-                    "tile's first wgmma, stages released by named barrier (0.952x cuBLAS blockwise geomean over "
-                    "issue #13's table shapes, 0.91x over the suite's M, N, K >= 2048 shapes, on an H100, "
-                    "2026-11-23/24, kernel time, interleaved rounds; the named-barrier release 1.02-1.04x faster "
-                    "on three of them, H200, 2026-12-02; 0.70-0.75x for block_fp8_persistent below in "
-                    "single-pass runs)",
+                    "tile's first wgmma, stages released by named barrier (0.961x cuBLAS blockwise geomean, "
+                    "worst 0.930x, over the suite's seven M, N, K >= 2048 shapes on an H200, 2026-12-02, kernel "
+                    "time, interleaved rounds; 0.70-0.75x for block_fp8_persistent below in single-pass runs, "
+                    "H100)",
                     min_size=GLUON_BLOCK_FP8_MIN, named_configs_only=True),
         KernelEntry("block_fp8_persistent", _BLOCK_FP8_PAIR, "native",
                     "persistent (one program per SM over grouped 128 x 128 tiles): TMA loads, fp8 e4m3 wgmma, "
