@@ -267,8 +267,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 MFMA with fp32 promotion per 128-K block"),
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
-                    "no native path in Triton 3.6 (nvfp4 dot_scaled fails to compile for gfx950): "
-                    "decoded to bf16 before a bf16 MFMA"),
+                    "no native path: v_mfma_scale takes fp8 / fp6 / fp4 operands only (not bf16 activations), "
+                    "and Triton 3.6's nvfp4 dot_scaled fails to compile for gfx950; decoded to bf16 before a "
+                    "bf16 MFMA"),
     ),
 }
 
