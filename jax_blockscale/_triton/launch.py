@@ -149,6 +149,9 @@ def _lowering(ctx, *args, out_shapes, kernel, grid, num_warps, num_stages, compu
                         maxnreg)
     scratch_shapes = [jax.core.ShapedArray((_scratch_bytes(b, grid),), jnp.uint8)
                       for b in needs_scratch(compiled)]
+    # jaxlib assembles this PTX itself (stream_executor::CompileGpuAsm: libnvptxcompiler or the CUDA
+    # installation's ptxas, default options), not with Triton's bundled ptxas; the CPU tests' ptxas reports
+    # (spills, wgmma serialization) come from Triton's, a proxy for the machine code that runs.
     return _emit(ctx, args, compiled, binary=compiled.asm["ptx"], compute_capability=compute_capability,
                  num_warps=num_warps, grid=grid, name=name, scratch_shapes=scratch_shapes,
                  zeroed_outputs=zeroed_outputs)
