@@ -65,7 +65,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p = GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
     cfg = bg.default_config(p)
     ops = _operands(m, n, k)
-    programs = min(cfg.num_sms, -(-m // cfg.block_m) * -(-n // cfg.block_n))
+    constexprs = bg.kernel_constexprs(p, cfg)  # exactly what bg.launch passes
+    programs = constexprs["NUM_SMS"]
 
     # jaxlib's path: what jb.matmul launches.
     jax_fn = jax.jit(functools.partial(bg.launch, p, config=cfg, compute_capability=90))
@@ -79,10 +80,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     launch_args = (a_t, as_t, b_t, bs_t, alpha_t, out_t)
 
     def triton_launch():
-        bg.block_fp8_gluon_kernel[(programs,)](
-            *launch_args, M=m, N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
-            NUM_SMS=programs, STAGES=cfg.num_stages, TMA_STORE=True,
-            EPI_BUFS=bg.epilogue_buffers(cfg, jnp.bfloat16), num_warps=4, maxnreg=bg.MAX_REGISTERS)
+        bg.block_fp8_gluon_kernel[(programs,)](*launch_args, **constexprs, num_warps=4, maxnreg=bg.MAX_REGISTERS)
         return out_t
 
     triton_launch()

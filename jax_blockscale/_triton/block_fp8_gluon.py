@@ -145,13 +145,13 @@ def _release(s):
     `_wait_released` needs. Every arrival is waited for: the loader waits for stage s again only after
     refilling it, which the consumers' next release of s needs first, so no barrier generation ever
     collects two steps' releases; and the loader waits for the last STAGES releases before it ends."""
-    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, True, 4)
+    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, True, CONSUMER_THREADS // 32)
 
 
 @gluon.jit
 def _wait_released(s):
     """The loader waits until both consumers released stage s."""
-    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, False, 1)
+    _named_barrier(EMPTY_BARRIER0 + s, 2 * CONSUMER_THREADS + LOADER_THREADS, False, LOADER_THREADS // 32)
 
 
 @gluon.jit
@@ -759,6 +759,19 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
 WRITES_TRANSPOSED = True
 
 
+def kernel_constexprs(p: GemmProblem, config: TileConfig, transpose_out: bool = False) -> dict:
+    """The kernel's constexprs for p (an unbatched weight: the batch folds into M) under `config`: one program
+    per SM up to the tile count (NUM_SMS, also the grid), the TMA store where the output rows allow it. What
+    `launch` passes, and what benchmarks/assembler_ab.py passes to Triton's own launcher."""
+    rows = p.batch * p.m
+    out_dtype = OUT_DTYPES[p.out_dtype]
+    tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(p.n, config.block_n)
+    return dict(M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_M=config.group_m,
+                NUM_SMS=min(config.num_sms, tiles), STAGES=config.num_stages,
+                TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
+                TRANS_OUT=bool(transpose_out))
+
+
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
            alpha: jax.Array, *, config: TileConfig, compute_capability: int, transpose_out: bool = False
            ) -> jax.Array:
@@ -772,17 +785,12 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if transpose_out and p.batch != 1:
         raise ValueError(f"transpose_out takes one (M, N) product, got a batch of {p.batch}")
     _, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
-    tiles = triton.cdiv(rows, config.block_m) * triton.cdiv(p.n, config.block_n)
-    programs = min(config.num_sms, tiles)
-    out_dtype = OUT_DTYPES[p.out_dtype]
+    constexprs = kernel_constexprs(p, config, transpose_out)
     out = scratch.scratch_call(
         block_fp8_gluon_kernel, a_values.reshape(rows, p.k), a_scales.reshape(rows, p.k // SCALE_GROUP),
         b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
-        out_shape=jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), out_dtype),
-        grid=(programs, 1, 1), num_warps=4, num_stages=config.num_stages, compute_capability=compute_capability,
-        name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, GROUP_M=config.group_m, NUM_SMS=programs, STAGES=config.num_stages,
-        TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-        TRANS_OUT=bool(transpose_out),
+        out_shape=jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), OUT_DTYPES[p.out_dtype]),
+        grid=(constexprs["NUM_SMS"], 1, 1), num_warps=4, num_stages=config.num_stages,
+        compute_capability=compute_capability, name="block_fp8_gluon_gemm", maxnreg=MAX_REGISTERS, **constexprs,
     )
     return out.reshape((1, p.n, p.m) if transpose_out else (p.batch, p.m, p.n))

@@ -71,7 +71,6 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset(
     | {(a, w) for a in MX_KINDS for w in MX_KINDS}
     | {(NVFP4, NVFP4), (BLOCK_FP8, BLOCK_FP8)}
 )
-MAX_ROWS = DECODE_MAX_ROWS
 _FMA_MAX_ROWS = 4  # heuristic, to be measured: below it the padded MMA wastes >= 75% of its N side
 _GEMV_MAX_BLOCK_M = 16  # the GEMV's FMAs per weight element grow with the rows; tensor cores beyond
 _TYPICAL_SM_COUNT = 132
@@ -465,7 +464,7 @@ def gemv_kernel(
 
 
 def supports(p: GemmProblem) -> bool:
-    return (p.a_kind, p.b_kind) in SUPPORTED and not p.b_batched and p.batch * p.m <= MAX_ROWS
+    return (p.a_kind, p.b_kind) in SUPPORTED and not p.b_batched and p.batch * p.m <= DECODE_MAX_ROWS
 
 
 def _block_k(kind: str) -> int:
@@ -643,8 +642,8 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     rows = p.batch * p.m
     if p.b_batched:
         raise ValueError("the decode kernel needs an unbatched weight")
-    if rows > MAX_ROWS or config.block_m < rows:
-        raise ValueError(f"the decode kernel takes <= {MAX_ROWS} rows in one tile: rows={rows}, "
+    if rows > DECODE_MAX_ROWS or config.block_m < rows:
+        raise ValueError(f"the decode kernel takes <= {DECODE_MAX_ROWS} rows in one tile: rows={rows}, "
                          f"block_m={config.block_m}")
     if config.gemv:
         _check_gemv(p, config)

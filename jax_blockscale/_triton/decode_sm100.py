@@ -36,6 +36,7 @@ SUPPORTED: frozenset[tuple[str, str]] = frozenset(
     {(a, b) for a in MX_KINDS for b in MX_KINDS} | {(NVFP4, NVFP4)}
 )
 
+
 def swapped(p: GemmProblem) -> GemmProblem:
     """The transposed product's problem: the weight's N rows as M, the activations' rows (batch folded) as N."""
     return GemmProblem(batch=1, b_batched=False, m=p.n, n=p.batch * p.m, k=p.k, a_kind=p.b_kind, b_kind=p.a_kind,
