@@ -525,66 +525,6 @@ def gemv_shapes(torch, formats=("mxfp4", "mxfp8"), shapes=GEMV_SHAPES, variants=
             del ws
 
 
-# --gemv-persistent: the one-row GEMV as persistent programs over whole-row tiles (config.gemv_programs), each
-# loading its next tile while it decodes the current one, against the default one-program-per-tile grid:
-# (label, rows per tile, warps, programs per SM), per weight width; programs per SM within what registers allow
-# (ptxas, sm_90: fp4 ~100 registers per thread, 8-bit ~175 at 128 bytes of codes per thread). The launch takes
-# cdiv(tiles, cdiv(tiles, slots)) programs, so that every program runs the same number of tiles.
-PERSISTENT_VARIANTS = {
-    "fp4": (("p1 n8 w8", 8, 8, 1), ("p2 n8 w8", 8, 8, 2), ("p2 n4 w4", 4, 4, 2), ("p4 n4 w4", 4, 4, 4),
-            ("p1 n16 w16", 16, 16, 1)),
-    "fp8": (("p1 n8 w8", 8, 8, 1), ("p2 n4 w8", 4, 8, 2), ("p2 n4 w4", 4, 4, 2), ("p3 n4 w4", 4, 4, 3)),
-}
-PERSISTENT_CASES = (((7168, 4096), ("mxfp4", "nvfp4", "mxfp8")), ((7168, 2048), ("mxfp4",)),
-                    ((8192, 8192), ("mxfp4", "mxfp8")), ((28672, 8192), ("mxfp4",)))
-
-
-def gemv_persistent(torch, cases=PERSISTENT_CASES, variants=PERSISTENT_VARIANTS):
-    """M = 1, bf16 activations: per (shape, weight format), XLA bf16, a same-size read, the default config
-    (before and after the variants, for drift) and the persistent variants, each checked against the
-    reference (fp32 out) before it is timed; us, % of the same-size read and speed against XLA bf16."""
-    from jax_blockscale._triton import decode
-    from jax_blockscale._triton.problem import HOPPER_SMS, GemmProblem
-
-    sms = jax.devices()[0].core_count if hasattr(jax.devices()[0], "core_count") else HOPPER_SMS
-    print(f"device: {jax.devices()[0].device_kind}, {sms} SMs; CUPTI kernel us per matmul\n")
-    print("| N x K | weights | config | us | % same-size read | vs XLA bf16 | rel err |")
-    print("|---|---|---|---|---|---|---|")
-    for (n, k), formats in cases:
-        xa = _activation("bf16", 1, k)
-        ws = _weights("bf16", n, k, 0)
-        # XLA's bf16 dot returning bf16 directly, as a JAX user writes it (benchmarks/_baselines.xla_bf16)
-        xla = kernel_us(jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w)), [(xa, w) for w in ws], torch)
-        print(f"| {n}x{k} | bf16 | XLA bf16 | {xla:.2f} | | 1.00x | |", flush=True)
-        del ws
-        for fb in formats:
-            ws = _weights(fb, n, k, 1)
-            read = same_size_read_us(torch, n, _nbytes(ws[0]))
-            print(f"| {n}x{k} | {fb} | same-size read | {read:.2f} | 100% | | |", flush=True)
-            p = GemmProblem(1, False, 1, n, k, "bf16", _KIND[fb], "bf16")
-            base = decode.default_config(p, "sm_90").replace(kernel="decode")
-            cfgs = [("default", base)]
-            for label, bn, w, per_sm in variants["fp8" if fb == "mxfp8" else "fp4"]:
-                tiles = -(-n // bn)
-                iters = -(-tiles // (per_sm * sms))
-                cfgs.append((f"{label} ({-(-tiles // iters)} x {iters} tiles)",
-                             base.replace(block_n=bn, num_warps=w, block_k=k, split_k=1, num_stages=1,
-                                          prefetch=False, gemv_programs=-(-tiles // iters))))
-            cfgs.append(("default again", base))
-            for label, cfg in cfgs:
-                try:
-                    us, err = _checked_us(p, xa, ws, cfg, torch)
-                except Exception as e:  # noqa: BLE001 - an invalid or failing variant is a row, not a stop
-                    print(f"| {n}x{k} | {fb} | {label} | {type(e).__name__}: {str(e)[:80]} | | | |", flush=True)
-                    continue
-                if us is None:
-                    print(f"| {n}x{k} | {fb} | {label} | WRONG | | | {err:.1e} |", flush=True)
-                    continue
-                print(f"| {n}x{k} | {fb} | {label} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {err:.1e} |",
-                      flush=True)
-            del ws
-
-
 # --stream: how fast a Triton kernel streams an fp4 weight's bytes at all (no decode, no FMA), with the
 # GEMV's tiles and others: (rows per program, 32-bit words of each row per tile, tl.range stages, warps).
 STREAM_TILES = ((8, 256, 4, 4), (8, 512, 1, 8), (8, 512, 1, 4), (16, 128, 4, 4), (4, 512, 1, 4), (2, 512, 1, 2))
@@ -926,8 +866,6 @@ def main(argv=None):
     ap.add_argument("--gemv-decode", action="store_true", help="the GEMV's fp4 decode variants vs the tuned config")
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
-    ap.add_argument("--gemv-persistent", action="store_true",
-                    help="M=1: the GEMV as persistent programs over whole-row tiles vs the default grid")
     ap.add_argument("--stream", action="store_true", help="M=1 mxfp4: the GEMV vs streaming its bytes only")
     ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py (and upcast above 16 "
                     "rows) per format pair, 1-16 rows unless --rows")
@@ -963,8 +901,6 @@ def main(argv=None):
                         pairs)
     elif args.gemv_shapes:
         gemv_shapes(torch)
-    elif args.gemv_persistent:
-        gemv_persistent(torch)
     elif args.stream:
         stream(torch)
     elif args.gemv_decode:

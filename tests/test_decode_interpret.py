@@ -102,17 +102,6 @@ for fa, fb, m, split in (("bf16", "mxfp4", 1, 1), ("mxfp8", "mxfp4", 3, 3), ("bf
                       config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=8, block_k=512, group_m=1,
                                   num_warps=4, num_stages=2, split_k=split, gemv=True, prefetch=False,
                                   f16_decode=True)))
-# ... as persistent programs over whole-row tiles (config.gemv_programs): 10 tiles of 16 rows (N = 150) over 3 or 4
-# programs, so that some programs run past the last tile; fp4 with the fp16-route PTX decode (emulated), the
-# 8-bit and block FP8 weights, several rows.
-for fa, fb, m, k, programs, asm in (("bf16", "mxfp4", 1, 1024, 3, True), ("bf16", "nvfp4", 1, 1024, 4, True),
-                                    ("mxfp8", "mxfp4", 3, 1024, 3, False), ("bf16", "mxfp8", 1, 2048, 3, False),
-                                    ("fp8_block", "fp8_block", 2, 512, 4, False)):
-    seed += 1
-    CASES.append(dict(fa=fa, fb=fb, batch=[], m=m, n=150, k=k, seed=seed, a_gain=40.0, asm=asm, out_dtype="float32",
-                      config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=16, block_k=k, group_m=1,
-                                  num_warps=4, num_stages=1, split_k=1, gemv=True, prefetch=False,
-                                  f16_decode=asm, gemv_programs=programs)))
 # The MMA on the tuned sm_90 tiles' shape (32 weight rows, 2 warps: mma.sync): the PTX fp4 decode (emulated)
 # and the fp32 one, quantized activations, the ordered split-K, mxfp8 and fp6 weights.
 for fa, fb, asm, split in (("bf16", "mxfp4", True, 1), ("nvfp4", "nvfp4", False, 3), ("mxfp8", "mxfp4", True, 3),
@@ -136,8 +125,7 @@ def _id(case):
     variant = ("default" if not config else
                ("gemv-" if config.get("gemv") else "")
                + ("atomic" if config.get("atomic_split_k") else "fma" if config.get("fma") else "mma")
-               + f"-s{config['split_k']}" + f"-n{config['block_n']}"
-               + (f"-p{config['gemv_programs']}" if config.get("gemv_programs") else ""))
+               + f"-s{config['split_k']}" + f"-n{config['block_n']}")
     return f"{case['fa']}-{case['fb']}-m{case['m']}-{variant}{'-asm' if case.get('asm') else ''}"
 
 

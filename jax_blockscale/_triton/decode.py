@@ -412,7 +412,7 @@ def gemv_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr, X_KIND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, WIDE: tl.constexpr, PREFETCH: tl.constexpr,
-    NUM_STAGES: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr = False, PROGRAMS: tl.constexpr = 0,
+    NUM_STAGES: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr = False,
 ):
     """As decode_kernel (same operands, outputs and split-K reduction), computed by CUDA-core FMAs over
     small weight tiles: the launcher sizes the grid to several programs per SM so that many 16-byte loads
@@ -420,15 +420,7 @@ def gemv_kernel(
 
     PREFETCH: the next K tile's raw codes and scales are loaded into registers before the current tile is
     decoded (a register double buffer, independent of the software pipeliner); NUM_STAGES goes to
-    `tl.range` for Triton's own pipelining of the loads.
-
-    PROGRAMS > 0 (whole rows per tile, no K split): that many persistent programs, program p taking tiles
-    p, p + PROGRAMS, ...; each loads its next tile's raw weight into registers before it decodes and
-    multiplies the current one (`_gemv_persistent`)."""
-    if PROGRAMS > 0:
-        _gemv_persistent(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                         M, N, K, W_KIND, X_KIND, BLOCK_M, BLOCK_N, ATOMIC, WIDE, ASM, F16, PROGRAMS)
-        return
+    `tl.range` for Triton's own pipelining of the loads."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -465,53 +457,6 @@ def gemv_kernel(
         total = acc
     store_or_reduce(total, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m,
                     pid_n, pid_k, M, N, SPLIT_K, ATOMIC)
-
-
-@triton.jit
-def _gemv_tile_rows(tile, N_TILES: tl.constexpr, N: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr):
-    """Weight rows that tile `tile` reads: past the last tile, the last tile's again (its loads stay in
-    bounds; the store mask drops them); rows past N read a valid row."""
-    rows = (tl.minimum(tile, N_TILES - 1) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    if WIDE:
-        rows = rows.to(tl.int64)
-    return rows
-
-
-@triton.jit
-def _gemv_persistent(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr,
-                     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, W_KIND: tl.constexpr,
-                     X_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
-                     WIDE: tl.constexpr, ASM: tl.constexpr, F16: tl.constexpr, PROGRAMS: tl.constexpr):
-    """gemv_kernel over whole-row tiles (BLOCK_K = K) in PROGRAMS persistent programs.
-
-    Why: with one program per tile, every program resident on an SM issues its loads at once, waits, and then
-    only computes, and so does the next wave: loads and arithmetic alternate across the whole GPU. Here each
-    program's next tile is in flight (a register double buffer) while it decodes the current one."""
-    GROUP: tl.constexpr = 16 if W_KIND == "nvfp4" else (128 if W_KIND == "block_fp8" else 32)
-    N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    ITERS: tl.constexpr = (N_TILES + PROGRAMS - 1) // PROGRAMS
-    offs_m = tl.arange(0, BLOCK_M)
-    tile = tl.program_id(0)
-    codes, raw_s = gemv_weight_tile(w_ptr, w_scale_ptr, _gemv_tile_rows(tile, N_TILES, N, BLOCK_N, WIDE), 0, K,
-                                    W_KIND, K)
-    for _ in tl.range(0, ITERS, num_stages=1):
-        nxt = tile + PROGRAMS
-        next_codes, next_s = gemv_weight_tile(w_ptr, w_scale_ptr, _gemv_tile_rows(nxt, N_TILES, N, BLOCK_N, WIDE),
-                                              0, K, W_KIND, K)
-        if M == 1:
-            acc = tl.zeros((BLOCK_N, K // GROUP), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc = gemv_tile(acc, codes, raw_s, x_ptr, x_scale_ptr, 0, M, K, W_KIND, X_KIND, K, ASM, F16)
-        if M == 1:
-            total = tl.sum(acc, axis=1)[:, None]
-        else:
-            total = acc
-        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # >= N past the last tile: masked
-        store_or_reduce(total, a_ts_ptr, b_ts_ptr, out_ptr, ws_ptr, count_ptr, offs_n, offs_m, tile, 0, M, N, 1,
-                        ATOMIC)
-        tile = nxt
-        codes, raw_s = next_codes, next_s
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -691,11 +636,6 @@ def _check_gemv(p: GemmProblem, config: TileConfig) -> None:
         raise ValueError("block_fp8 weights need block_n dividing 128 (or a multiple of it)")
     if config.split_k < 1 or config.split_k > p.k // config.block_k:
         raise ValueError(f"split_k must be in [1, K / block_k = {p.k // config.block_k}], got {config.split_k}")
-    if config.gemv_programs < 0:
-        raise ValueError(f"gemv_programs must be >= 0, got {config.gemv_programs}")
-    if config.gemv_programs and (config.block_k != p.k or config.split_k != 1):
-        raise ValueError(f"persistent GEMV programs (gemv_programs={config.gemv_programs}) take whole rows: "
-                         f"block_k must be K ({p.k}) and split_k 1, got {config.block_k} and {config.split_k}")
 
 
 def check_config(p: GemmProblem, config: TileConfig) -> None:
@@ -729,7 +669,7 @@ def kernel_constexprs(p: GemmProblem, config: TileConfig, *, asm: bool, wide: bo
                   ATOMIC=config.atomic_split_k, WIDE=wide, ASM=asm)
     if config.gemv:
         return gemv_kernel, dict(common, PREFETCH=config.prefetch, NUM_STAGES=config.num_stages,
-                                 F16=bool(asm and config.f16_decode), PROGRAMS=config.gemv_programs)
+                                 F16=bool(asm and config.f16_decode))
     return decode_kernel, dict(common, FMA=config.fma)
 
 
@@ -788,7 +728,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
                    jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if split > 1 else 1,), jnp.int32)),
         zeroed_outputs=zeroed,
-        grid=(config.gemv_programs, 1) if config.gemv and config.gemv_programs else (n_tiles, split),
+        grid=(n_tiles, split),
         name=name, num_warps=config.num_warps, num_stages=config.num_stages,
         compute_capability=compute_capability, **constexprs,
     )

@@ -132,9 +132,6 @@ class TileConfig:
     # elements, then the hardware's e4m3x2 -> f16x2 and f16 -> f32 conversions) instead of bf16 pairs
     # widened by integer ops (sm_89+: the sm_90 tuned configs turn it on).
     f16_decode: bool = False
-    # The GEMV as that many persistent programs over whole-row tiles (block_k = K, no K split), each loading
-    # its next tile while it decodes the current one (decode._gemv_persistent); 0: one program per tile.
-    gemv_programs: int = 0
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16.
     fp8_mma: bool = False
