@@ -212,7 +212,7 @@ def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLO
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
             TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-            LIGHT_N: gl.constexpr):
+            LIGHT_N: gl.constexpr, PINGPONG: gl.constexpr = True):
     """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES;
     a light tile's steps hold LIGHT_KB K blocks each (`_light_stage`). (Gluon gives every worker partition
     one signature: the consumer's, whose arguments this one mostly ignores.)"""
@@ -337,7 +337,8 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
             bufs, bars, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
             STAGES: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
-            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr, LIGHT_N: gl.constexpr):
+            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr, LIGHT_N: gl.constexpr,
+            PINGPONG: gl.constexpr = True):
     """One K block of a consumer's tile: per 128-column subtile, wgmma into the partial, wait for it, promote
     it with the block's scales (FIRST: the accumulators start from it). FIRST also stores the previous
     tile's converted subtiles (out0, out1), each while one of this step's wgmma runs: the shared-memory
@@ -355,9 +356,11 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
     b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
     # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
-    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
     partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index(1 - WG), count=1)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
     # The next K block's scales load while the wgmma runs (the last block reloads its own).
     nk = gl.minimum(kb + 1, SCALE_K - 1)
     next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
@@ -512,7 +515,7 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
               TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-              LIGHT_N: gl.constexpr):
+              LIGHT_N: gl.constexpr, PINGPONG: gl.constexpr = True):
     """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block
     (`_k_step`); then this program's light tiles, if any (`_light_tiles`)."""
     out_desc = descs[2]
@@ -552,13 +555,13 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
         acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
             step, 0, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0, out1,
             t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-            TRANS_OUT, EPI_BUFS, WG, mma_layout, True, LIGHT_N)
+            TRANS_OUT, EPI_BUFS, WG, mma_layout, True, LIGHT_N, PINGPONG)
         step += 1
         for kb in range(1, SCALE_K):
             acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
                 step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0,
                 out1, t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
-                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, LIGHT_N)
+                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, LIGHT_N, PINGPONG)
             step += 1
         out0 = (acc0 * alpha).to(out_ptr.dtype.element_ty)
         out1 = (acc1 * alpha).to(out_ptr.dtype.element_ty)
@@ -602,7 +605,7 @@ def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False, PINGPONG: gl.constexpr = True,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
@@ -645,11 +648,11 @@ def block_fp8_gluon_kernel(
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
+                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N, PINGPONG)),
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N)),
+                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N, PINGPONG)),
         (_loader, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
+                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N, PINGPONG)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -769,7 +772,7 @@ def kernel_constexprs(p: GemmProblem, config: TileConfig, transpose_out: bool = 
     return dict(M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_M=config.group_m,
                 NUM_SMS=min(config.num_sms, tiles), STAGES=config.num_stages,
                 TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-                TRANS_OUT=bool(transpose_out))
+                TRANS_OUT=bool(transpose_out), PINGPONG=config.pingpong)
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
