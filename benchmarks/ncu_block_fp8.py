@@ -24,6 +24,8 @@ def main(argv=None) -> None:
     ap.add_argument("shape", nargs="*", type=int, default=[8192, 8192, 8192], help="M N K")
     ap.add_argument("--cublas", action="store_true", help="torch's cuBLAS blockwise scaled_mm instead of ours")
     args = ap.parse_args(argv)
+    if len(args.shape) != 3 or min(args.shape) < 1:
+        ap.error(f"shape: three positive sizes M N K, got {args.shape}")
     m, n, k = args.shape
     a, b = quantized_pair(*dense_pair(jax.random.PRNGKey(0), m, n, k), "fp8_block", "fp8_block")
     if not args.cublas:
