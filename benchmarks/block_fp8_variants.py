@@ -81,9 +81,6 @@ def parse_config(spec: str, p: GemmProblem) -> TileConfig:
     else:
         raise ValueError(f"config {spec!r}: unknown base {base!r} (old, tma, ws, p, gluon)")
     flags = {"flat": "flatten", "pf": "prefetch_scales", "at": "a_scales_t"}
-    if "coop" in mods:  # Gluon: no turns between the consumers
-        mods = [m for m in mods if m != "coop"]
-        cfg = cfg.replace(pingpong=False)
     numbers = {"w": "num_warps", "s": "num_stages", "g": "group_m", "sms": "num_sms", "r": "max_registers"}
     for mod in mods:
         tile = re.fullmatch(r"(\d+)x(\d+)", mod)

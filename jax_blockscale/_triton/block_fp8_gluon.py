@@ -212,7 +212,7 @@ def _tile_origin(t, M: gl.constexpr, N: gl.constexpr, GROUP_M: gl.constexpr, BLO
 def _loader(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
             TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-            LIGHT_N: gl.constexpr, PINGPONG: gl.constexpr = True, A_SCALES_T: gl.constexpr = False):
+            LIGHT_N: gl.constexpr):
     """The TMA partition: every (tile, K block) step of this program, in order, into stage step % STAGES;
     a light tile's steps hold LIGHT_KB K blocks each (`_light_stage`). (Gluon gives every worker partition
     one signature: the consumer's, whose arguments this one mostly ignores.)"""
@@ -337,8 +337,7 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
             bufs, bars, out_desc, out_ptr, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
             STAGES: gl.constexpr, TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr,
-            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr, LIGHT_N: gl.constexpr,
-            PINGPONG: gl.constexpr = True, A_KSTRIDE: gl.constexpr = 1):
+            WG: gl.constexpr, mma_layout: gl.constexpr, FIRST: gl.constexpr, LIGHT_N: gl.constexpr):
     """One K block of a consumer's tile: per 128-column subtile, wgmma into the partial, wait for it, promote
     it with the block's scales (FIRST: the accumulators start from it). FIRST also stores the previous
     tile's converted subtiles (out0, out1), each while one of this step's wgmma runs: the shared-memory
@@ -356,14 +355,12 @@ def _k_step(step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_
     a_tile = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
     b_tile = b_bufs.index(s).slice(0, SUBTILE_N, dim=0).permute((1, 0))
     # Ping-pong: consumer WG issues its step after the other consumer issued the previous one.
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+    mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
     partial = warpgroup_mma(a_tile, b_tile, partial, use_acc=False, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG), count=1)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
     # The next K block's scales load while the wgmma runs (the last block reloads its own).
     nk = gl.minimum(kb + 1, SCALE_K - 1)
-    next_a_s = gl.load(a_s_ptrs + nk * A_KSTRIDE, mask=row_ok, other=0.0)
+    next_a_s = gl.load(a_s_ptrs + nk, mask=row_ok, other=0.0)
     next_b_s0 = gl.load(b_s_ptr + nk)
     next_b_s1 = next_b_s0
     if FIRST:
@@ -421,7 +418,7 @@ def _light_buffer(a_bufs, b_bufs, s, j: gl.constexpr, operand: gl.constexpr, row
 @gluon.jit
 def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok,
                  b_s_ptr, bufs, bars, SCALE_K: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-                 LIGHT_N: gl.constexpr, A_KSTRIDE: gl.constexpr = 1):
+                 LIGHT_N: gl.constexpr):
     """One stage of a light tile: K blocks kb .. kb + KB - 1, each an m64 x LIGHT_N wgmma into its own partial,
     issued together and waited for together (the stage is released before the promotions), then promoted
     with their scales (a_s0, b_s0; a_s1, b_s1). Returns the accumulator, the partials and the next stage's
@@ -443,13 +440,13 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
         partial1 = warpgroup_mma(a1, b1, partial1, use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - WG), count=1)
     n0 = gl.minimum(kb + KB, SCALE_K - 1)
-    next_a_s0 = gl.load(a_s_ptrs + n0 * A_KSTRIDE, mask=row_ok, other=0.0)
+    next_a_s0 = gl.load(a_s_ptrs + n0, mask=row_ok, other=0.0)
     next_b_s0 = gl.load(b_s_ptr + n0)
     next_a_s1 = next_a_s0
     next_b_s1 = next_b_s0
     if KB == 2:
         n1 = gl.minimum(kb + KB + 1, SCALE_K - 1)
-        next_a_s1 = gl.load(a_s_ptrs + n1 * A_KSTRIDE, mask=row_ok, other=0.0)
+        next_a_s1 = gl.load(a_s_ptrs + n1, mask=row_ok, other=0.0)
         next_b_s1 = gl.load(b_s_ptr + n1)
         partial0, partial1 = warpgroup_mma_wait(num_outstanding=0, deps=(partial0, partial1, a0, b0, a1, b1))[:2]
     else:
@@ -465,8 +462,7 @@ def _light_stage(step, kb, KB: gl.constexpr, acc, partial0, partial1, a_s0, b_s0
 @gluon.jit
 def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr,
-                 STAGES: gl.constexpr, TRANS_OUT: gl.constexpr, WG: gl.constexpr, LIGHT_N: gl.constexpr,
-                 A_KSTRIDE: gl.constexpr = 1):
+                 STAGES: gl.constexpr, TRANS_OUT: gl.constexpr, WG: gl.constexpr, LIGHT_N: gl.constexpr):
     """This consumer's rows of the program's light tiles t = first .. tiles - 1 (`light_columns`): one
     m64 x LIGHT_N wgmma per K block on LIGHT_N weight rows (the loader's box for them reads no row past N),
     promoted as in `_k_step`, the output stored from registers at the tile's end.
@@ -488,7 +484,7 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         row_ok = rows < M
-        a_s_ptrs = a_scale_ptr + (rows * SCALE_K if A_KSTRIDE == 1 else rows)
+        a_s_ptrs = a_scale_ptr + rows * SCALE_K
         b_s_ptr = b_scale_ptr + (col // 128) * SCALE_K
         acc = gl.zeros((ROWS, LIGHT_N), gl.float32, layout=layout)
         a_s0 = gl.load(a_s_ptrs, mask=row_ok, other=0.0)
@@ -496,17 +492,17 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
         a_s1 = a_s0
         b_s1 = b_s0
         if LIGHT_KB == 2:
-            a_s1 = gl.load(a_s_ptrs + gl.minimum(1, SCALE_K - 1) * A_KSTRIDE, mask=row_ok, other=0.0)
+            a_s1 = gl.load(a_s_ptrs + gl.minimum(1, SCALE_K - 1), mask=row_ok, other=0.0)
             b_s1 = gl.load(b_s_ptr + gl.minimum(1, SCALE_K - 1))
         for kp in range(SCALE_K // LIGHT_KB):
             acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1 = _light_stage(
                 step, kp * LIGHT_KB, LIGHT_KB, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok,
-                b_s_ptr, bufs, bars, SCALE_K, STAGES, WG, LIGHT_N, A_KSTRIDE)
+                b_s_ptr, bufs, bars, SCALE_K, STAGES, WG, LIGHT_N)
             step += 1
         if SCALE_K % LIGHT_KB != 0:
             acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1 = _light_stage(
                 step, SCALE_K - 1, 1, acc, partial0, partial1, a_s0, b_s0, a_s1, b_s1, a_s_ptrs, row_ok, b_s_ptr,
-                bufs, bars, SCALE_K, STAGES, WG, LIGHT_N, A_KSTRIDE)
+                bufs, bars, SCALE_K, STAGES, WG, LIGHT_N)
             step += 1
         _store_by_pointer((acc * alpha).to(out_ptr.dtype.element_ty), rows, col, out_ptr, M, N, TRANS_OUT,
                           LIGHT_N, layout)
@@ -516,7 +512,7 @@ def _light_tiles(step, first, tiles, bufs, bars, ptrs, M: gl.constexpr, N: gl.co
 def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr,
               TMA_STORE: gl.constexpr, TRANS_OUT: gl.constexpr, EPI_BUFS: gl.constexpr, WG: gl.constexpr,
-              LIGHT_N: gl.constexpr, PINGPONG: gl.constexpr = True, A_SCALES_T: gl.constexpr = False):
+              LIGHT_N: gl.constexpr):
     """One 4-warp consumer: rows WG * 64 .. WG * 64 + 63 of every tile, wgmma and promotion per K block
     (`_k_step`); then this program's light tiles, if any (`_light_tiles`)."""
     out_desc = descs[2]
@@ -526,7 +522,6 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
     SCALE_N: gl.constexpr = (N + 127) // 128
     ROWS: gl.constexpr = BLOCK_M // 2
     SPLIT: gl.constexpr = BLOCK_N // SUBTILE_N  # 1 or 2 subtiles
-    A_KSTRIDE: gl.constexpr = M if A_SCALES_T else 1  # a_scale (K/128, M) or (M, K/128)
     # wgmma m64n128k32: the warp group's 4 warps hold 16 rows each.
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, SUBTILE_N, 32])
@@ -544,7 +539,7 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
         row, col = _tile_origin(t, M, N, GROUP_M, BLOCK_M, BLOCK_N, NUM_SMS, LIGHT_N)
         rows = row + WG * ROWS + gl.arange(0, ROWS, layout=row_layout)
         row_ok = rows < M
-        a_s_ptrs = a_scale_ptr + (rows if A_SCALES_T else rows * SCALE_K)
+        a_s_ptrs = a_scale_ptr + rows * SCALE_K
         b_s_ptr = b_scale_ptr + (col // 128) * SCALE_K
         second_ok = col // 128 + 1 < SCALE_N  # a 256-wide tile's second weight block may lie past N
         a_s = gl.load(a_s_ptrs, mask=row_ok, other=0.0)
@@ -557,13 +552,13 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
         acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
             step, 0, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0, out1,
             t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-            TRANS_OUT, EPI_BUFS, WG, mma_layout, True, LIGHT_N, PINGPONG, A_KSTRIDE)
+            TRANS_OUT, EPI_BUFS, WG, mma_layout, True, LIGHT_N)
         step += 1
         for kb in range(1, SCALE_K):
             acc0, acc1, partial, a_s, b_s0, b_s1 = _k_step(
                 step, kb, acc0, acc1, partial, a_s, b_s0, b_s1, a_s_ptrs, row_ok, b_s_ptr, second_ok, out0,
                 out1, t, bufs, bars, out_desc, out_ptr, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES,
-                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, LIGHT_N, PINGPONG, A_KSTRIDE)
+                TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, False, LIGHT_N)
             step += 1
         out0 = (acc0 * alpha).to(out_ptr.dtype.element_ty)
         out1 = (acc1 * alpha).to(out_ptr.dtype.element_ty)
@@ -575,7 +570,7 @@ def _consumer(descs, bufs, bars, ptrs, M: gl.constexpr, N: gl.constexpr, K: gl.c
                                NUM_SMS, TMA_STORE, TRANS_OUT, EPI_BUFS, WG, mma_layout, LIGHT_N)
     if LIGHT_N > 0:
         _light_tiles(step, tiles, _program_tiles(M, N, BLOCK_M, BLOCK_N, NUM_SMS), bufs, bars, ptrs, M, N, K,
-                     BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N, A_KSTRIDE)
+                     BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TRANS_OUT, WG, LIGHT_N)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
@@ -607,8 +602,7 @@ def block_fp8_gluon_kernel(
     a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, alpha_ptr, out_ptr,
     M: gl.constexpr, N: gl.constexpr, K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     GROUP_M: gl.constexpr, NUM_SMS: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr,
-    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False, PINGPONG: gl.constexpr = True,
-    A_SCALES_T: gl.constexpr = False,
+    EPI_BUFS: gl.constexpr, TRANS_OUT: gl.constexpr = False,
 ):
     """out = alpha * sum over 128-wide K blocks kb of (a_kb @ b_kb.T) * a_scale[m, kb] * b_scale[n/128, kb].
 
@@ -651,11 +645,11 @@ def block_fp8_gluon_kernel(
     ptrs = (a_scale_ptr, b_scale_ptr, out_ptr, alpha_ptr)
     gl.warp_specialize([
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N, PINGPONG, A_SCALES_T)),
+                     TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
         (_consumer, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N, PINGPONG, A_SCALES_T)),
+                     TRANS_OUT, EPI_BUFS, 1, LIGHT_N)),
         (_loader, (descs, bufs, bars, ptrs, M, N, K, BLOCK_M, BLOCK_N, GROUP_M, NUM_SMS, STAGES, TMA_STORE,
-                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N, PINGPONG, A_SCALES_T)),
+                   TRANS_OUT, EPI_BUFS, 0, LIGHT_N)),
     ], [4, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -775,7 +769,7 @@ def kernel_constexprs(p: GemmProblem, config: TileConfig, transpose_out: bool = 
     return dict(M=rows, N=p.n, K=p.k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_M=config.group_m,
                 NUM_SMS=min(config.num_sms, tiles), STAGES=config.num_stages,
                 TMA_STORE=out_rows_tma_aligned(p, transpose_out), EPI_BUFS=epilogue_buffers(config, out_dtype),
-                TRANS_OUT=bool(transpose_out), PINGPONG=config.pingpong, A_SCALES_T=bool(config.a_scales_t))
+                TRANS_OUT=bool(transpose_out))
 
 
 def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: jax.Array, b_scales: jax.Array,
@@ -793,9 +787,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     _, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
     constexprs = kernel_constexprs(p, config, transpose_out)
     out = scratch.scratch_call(
-        block_fp8_gluon_kernel, a_values.reshape(rows, p.k),
-        (a_scales.reshape(rows, p.k // SCALE_GROUP).T if config.a_scales_t  # (K/128, M): an XLA transpose
-         else a_scales.reshape(rows, p.k // SCALE_GROUP)),
+        block_fp8_gluon_kernel, a_values.reshape(rows, p.k), a_scales.reshape(rows, p.k // SCALE_GROUP),
         b_values, b_scales, alpha.reshape(1).astype(jnp.float32),
         out_shape=jax.ShapeDtypeStruct((p.n, rows) if transpose_out else (rows, p.n), OUT_DTYPES[p.out_dtype]),
         grid=(constexprs["NUM_SMS"], 1, 1), num_warps=4, num_stages=config.num_stages,

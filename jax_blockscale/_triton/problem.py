@@ -114,9 +114,6 @@ class TileConfig:
     prefetch_scales: bool = False
     a_scales_t: bool = False
     num_sms: int = HOPPER_SMS
-    # Gluon block FP8 (block_fp8_gluon.py; ignored elsewhere): the two consumers take turns issuing their first
-    # wgmma of each K block (CUTLASS's ping-pong order); False lets each issue as soon as its data is there.
-    pingpong: bool = True
     # Registers per thread capped (PTX .maxnreg; 0: the compiler's choice), e.g. 128 so that two 8-warp
     # programs share an SM and one's promotion overlaps the other's wgmma.
     max_registers: int = 0
