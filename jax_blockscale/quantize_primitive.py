@@ -315,7 +315,7 @@ def quantize_pair(x: jax.Array, row_fmt: Optional[Format], col_fmt: Optional[For
 
 
 def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = "rceil", block=None,
-                            t_block=None):
+                            t_block=None, tensor_scale=None, t_tensor_scale=None):
     """`(quantize(x, fmt, axis=-1), quantize(swapaxes(x, -1, -2), t_fmt, axis=-1))` from one read of x.
 
     What a training step needs for an operand that two GEMMs contract along different axes (x along K
@@ -328,6 +328,10 @@ def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = 
         `t_fmt="same"` repeats `fmt`; either may be None to skip that side (returned as None).
         `block` / `t_block` choose fp8_block tiles as in `jax_blockscale.quantize`.
       rounding: MX scale rounding for both sides.
+      tensor_scale, t_tensor_scale: nvfp4 sides only, as `quantize`'s `tensor_scale`: the per-tensor scale to
+        use instead of computing tensor amax / (448 * 6) from x (one more pass over x per side, which a
+        caller holding the amax, e.g. from an earlier step, avoids). With `t_fmt="same"`, t_tensor_scale
+        defaults to tensor_scale.
     Returns:
       (BlockScaledArray or None, BlockScaledArray or None); the second has shape (..., C, R).
     """
@@ -338,19 +342,35 @@ def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = 
         raise ValueError(f"quantize_with_transpose needs x of rank >= 2 (..., R, C), got shape {x.shape}")
     if t_fmt == "same":
         t_fmt, t_block = fmt, block if t_block is None else t_block
+        t_tensor_scale = tensor_scale if t_tensor_scale is None else t_tensor_scale
     row = None if fmt is None else get_format(fmt, block=block)
     col = None if t_fmt is None else get_format(t_fmt, block=t_block)
-    return quantize_sides(x, row, col, rounding)
+    row_ts = _given_tensor_scale(row, tensor_scale, "tensor_scale")
+    col_ts = _given_tensor_scale(col, t_tensor_scale, "t_tensor_scale")
+    return quantize_sides(x, row, col, rounding, row_ts=row_ts, col_ts=col_ts)
+
+
+def _given_tensor_scale(fmt: Optional[Format], ts, name: str):
+    """A caller's nvfp4 tensor scale as a float32 scalar (`quantize._tensor_scale_arg`'s checks), None if not
+    given; refused for a side that is not nvfp4."""
+    from .quantize import _tensor_scale_arg
+
+    if ts is None:
+        return None
+    if not isinstance(fmt, NVFP4Format):
+        raise ValueError(f"{name} applies to an nvfp4 side only, not {fmt.name if fmt is not None else None}")
+    return _tensor_scale_arg(ts)
 
 
 def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str, *,
-                   decoded: bool = False):
+                   decoded: bool = False, row_ts=None, col_ts=None):
     """`quantize_with_transpose` for resolved formats: the fused pair where it applies, else two jnp calls
     (a format the kernel does not take, an empty input, Explicit-axis sharding). decoded: each side as
-    `Decoded` bf16 values (`decoded_pair`; MX / nvfp4 formats only) instead of a BlockScaledArray."""
+    `Decoded` bf16 values (`decoded_pair`; MX / nvfp4 formats only) instead of a BlockScaledArray.
+    row_ts / col_ts: an nvfp4 side's float32 tensor scale (shape ()), computed from x where None."""
     from . import _explicit_sharding as explicit
     from .api import quantize_operand
-    from .quantize import nvfp4_tensor_scale
+    from .quantize import nvfp4_tensor_scale, quantize
 
     if row is None and col is None:
         return None, None
@@ -360,17 +380,22 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
     fused = (USE_KERNEL and x.size > 0 and kernel_path(row) is None and kernel_path(col) is None
              and explicit.explicit_sharding(x) is None)
     if not fused:
-        def one(xs, fmt):
+        def one(xs, fmt, ts):
             if fmt is None:
                 return None
-            q = quantize_operand(xs, fmt, side="a", rounding=rounding)
+            if ts is None:
+                q = quantize_operand(xs, fmt, side="a", rounding=rounding)
+            else:  # an nvfp4 side with the caller's tensor scale
+                q = explicit.quantize(lambda t: quantize(t, fmt, axis=-1, tensor_scale=ts), xs, fmt)
             if not decoded:
                 return q
             return Decoded(_canonical_nan(explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)),
                            q.tensor_scale)
-        return one(x, row), one(xt, col)
-    row_ts = nvfp4_tensor_scale(x) if isinstance(row, NVFP4Format) else None
-    col_ts = nvfp4_tensor_scale(x, axis=-2) if isinstance(col, NVFP4Format) else None
+        return one(x, row, row_ts), one(xt, col, col_ts)
+    if isinstance(row, NVFP4Format) and row_ts is None:
+        row_ts = nvfp4_tensor_scale(x)
+    if isinstance(col, NVFP4Format) and col_ts is None:
+        col_ts = nvfp4_tensor_scale(x, axis=-2)
     pair = decoded_pair if decoded else quantize_pair
     return pair(x, row, col, rounding=rounding, row_ts=row_ts, col_ts=col_ts)
 
