@@ -168,6 +168,11 @@ def run_quant(q: Quick, sizes: Sizes) -> None:
     q.add("quant", case, "nvfp4, tensor scale given", lambda: bl.run_jax(
         "quantize", op, xs, bl.quantize_ref, q.cfg, tol=QUANT_FORMATS["nvfp4"][1], post=bl.dequantize_f32),
         nbytes=nb + written)
+    op2 = lambda x: jb.quantize_with_transpose(x, "nvfp4", tensor_scale=ts)  # noqa: E731
+    written2 = tree_nbytes(jax.eval_shape(op2, xs[0][0]))
+    q.add("quant", case, "nvfp4 + transpose, tensor scale given", lambda: bl.run_jax(
+        "quantize_t", op2, xs, _both_ref, q.cfg, tol=QUANT_FORMATS["nvfp4"][1], post=_both_dequantized,
+        note="jb.quantize_with_transpose(tensor_scale=)"), nbytes=nb + written2)
 
 
 # ---- matmuls -----------------------------------------------------------------------------------------

@@ -90,6 +90,22 @@ def test_transposed_side_equals_jnp_on_gpu(name, block, rounding):
     _assert_same(col, _jnp(x.T, fmt, rounding), f"transposed {name}")
 
 
+# nvfp4 both ways with the caller's tensor scales (no amax pass: quantize_with_transpose(tensor_scale=)), one
+# of them small enough that many block scales saturate at 448, and a pair outside the kernel's short path
+# (quantize_kernels.SHORT_PATH_TS).
+@pytest.mark.parametrize("ts, t_ts", [(2.0**-5, None), (0.37, 2.0**-30), (2.0**-100, 2.0**120)])
+def test_transposed_nvfp4_with_given_tensor_scales_equals_jnp_on_gpu(ts, t_ts):
+    fmt = get_format("nvfp4")
+    x = jnp.asarray(_input("bf16", True))
+    row, col = jax.jit(lambda x: jb.quantize_with_transpose(x, fmt, tensor_scale=ts, t_tensor_scale=t_ts))(x)
+    t_ts = ts if t_ts is None else t_ts
+    def ref(x, scale):
+        return jax.jit(lambda x: quantize_jnp(x, fmt, axis=-1, rounding="rceil", tensor_scale=jnp.float32(scale)))(x)
+
+    _assert_same(row, ref(x, ts), "row")
+    _assert_same(col, ref(x.T, t_ts), "transposed")
+
+
 # The host-CPU jnp quantizer over 10.5M elements is the slow part: by default one case in four.
 @pytest.mark.parametrize("name,block,rounding,dtype", grid(
     [(*f, d) for f in FORMATS for d in ("bf16", "f32")], lambda i, case: i % 4 == 0))

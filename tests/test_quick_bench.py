@@ -33,6 +33,7 @@ def test_every_section_and_row(tiny):
     labels = {(r.section, r.label) for r in q.rows}
     for fmt in quick.QUANT_FORMATS:
         assert ("quant", fmt) in labels and ("quant", f"{fmt} + transpose") in labels
+    assert {("quant", "nvfp4, tensor scale given"), ("quant", "nvfp4 + transpose, tensor scale given")} <= labels
     for fmt in quick.DECODE_FORMATS:
         assert ("decode", f"ours {fmt}") in labels
     reads = [r for r in q.rows if r.label == "XLA read of the mxfp4 bytes"]  # the same-size read ceiling
