@@ -50,12 +50,12 @@ class _Static:
 
 
 def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
-                     rounding: str = DEFAULT_ROUNDING) -> Operand:
+                     rounding: str = DEFAULT_ROUNDING, tensor_scale=None) -> Operand:
     """`x` prepared as matmul side "a" (activations, (..., M, K)) or "b" (weight, (..., N, K)).
 
     A format quantizes along K ("fp8_block" by name takes DeepSeek-V3's tile for the side: 1x128 for a,
-    128x128 for b; `rounding` applies to MX formats only, default "rceil"); "bf16"/"fp16"/"fp32" cast;
-    None returns `x`.
+    128x128 for b; `rounding` applies to MX formats only, default "rceil"; `tensor_scale` to nvfp4 only, as
+    in `quantize`); "bf16"/"fp16"/"fp32" cast; None returns `x`.
     """
     validation.check_side(side)
     if rounding not in ROUNDING_MODES:
@@ -67,6 +67,8 @@ def quantize_operand(x: jax.Array, fmt: Optional[FormatLike], *, side: str,
     spec = format_for_side(fmt, side)
     # nvfp4 and fp8_block scales are not powers of two: the MX rounding mode does not apply to them.
     kw = dict(rounding=rounding) if isinstance(spec, MXFormat) else {}
+    if tensor_scale is not None:
+        kw["tensor_scale"] = tensor_scale  # quantize refuses it for formats other than nvfp4
     return explicit.quantize(lambda t: quantize(t, spec, axis=-1, **kw), x, spec)
 
 

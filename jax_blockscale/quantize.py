@@ -332,6 +332,16 @@ def nvfp4_tensor_scale(x: jax.Array, axis: int = -1) -> jax.Array:
     return _div_rn(_tensor_amax(_block_amax(_split_blocks(xf, NVFP4Format.block), -1)), 448.0 * 6.0)
 
 
+def given_tensor_scale(spec: Optional[Format], tensor_scale, name: str = "tensor_scale") -> Optional[jax.Array]:
+    """A caller's nvfp4 tensor scale for a side quantized to `spec` (None: the side is skipped), checked before
+    any compute (`_tensor_scale_arg`); None when not given. Refused for a format other than nvfp4."""
+    if tensor_scale is None:
+        return None
+    if not isinstance(spec, NVFP4Format):
+        raise ValueError(f"{name} applies to nvfp4 only, not {spec.name if spec is not None else None}")
+    return _tensor_scale_arg(tensor_scale)
+
+
 def _tensor_scale_arg(tensor_scale) -> jax.Array:
     """An explicit nvfp4 `tensor_scale=` as a float32 scalar: a Python/NumPy scalar, a shape-() or shape-(1,)
     array (jax.nn's convention). A concrete value must be finite and > 0; a traced one cannot be checked
@@ -450,10 +460,7 @@ def quantize(
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {ROUNDING_MODES}")
     if not isinstance(spec, MXFormat) and rounding != DEFAULT_ROUNDING:
         raise ValueError(f"rounding={rounding!r} applies to MX formats only; {spec.name} scales are not powers of two")
-    if tensor_scale is not None:
-        if not isinstance(spec, NVFP4Format):
-            raise ValueError(f"tensor_scale applies to nvfp4 only, not {spec.name}")
-        tensor_scale = _tensor_scale_arg(tensor_scale)
+    tensor_scale = given_tensor_scale(spec, tensor_scale)
     if _fused_eligible(x, spec, axis):
         from .quantize_primitive import quantize_pair
 

@@ -32,7 +32,7 @@ from jax.extend import core as jcore
 from jax.interpreters import batching, mlir
 
 from .formats import Format, MXFormat, NVFP4Format
-from .quantize import BlockScaledArray, dequantize, quantize_jnp
+from .quantize import BlockScaledArray, dequantize, given_tensor_scale, quantize_jnp
 
 __all__ = ["quantize_pair", "quantize_sides", "quantize_with_transpose", "kernel_path", "quantize_p", "Decoded",
            "decoded_pair"]
@@ -345,21 +345,9 @@ def quantize_with_transpose(x: jax.Array, fmt, t_fmt="same", *, rounding: str = 
         t_tensor_scale = tensor_scale if t_tensor_scale is None else t_tensor_scale
     row = None if fmt is None else get_format(fmt, block=block)
     col = None if t_fmt is None else get_format(t_fmt, block=t_block)
-    row_ts = _given_tensor_scale(row, tensor_scale, "tensor_scale")
-    col_ts = _given_tensor_scale(col, t_tensor_scale, "t_tensor_scale")
+    row_ts = given_tensor_scale(row, tensor_scale)
+    col_ts = given_tensor_scale(col, t_tensor_scale, "t_tensor_scale")
     return quantize_sides(x, row, col, rounding, row_ts=row_ts, col_ts=col_ts)
-
-
-def _given_tensor_scale(fmt: Optional[Format], ts, name: str):
-    """A caller's nvfp4 tensor scale as a float32 scalar (`quantize._tensor_scale_arg`'s checks), None if not
-    given; refused for a side that is not nvfp4."""
-    from .quantize import _tensor_scale_arg
-
-    if ts is None:
-        return None
-    if not isinstance(fmt, NVFP4Format):
-        raise ValueError(f"{name} applies to an nvfp4 side only, not {fmt.name if fmt is not None else None}")
-    return _tensor_scale_arg(ts)
 
 
 def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], rounding: str, *,
@@ -370,7 +358,7 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
     row_ts / col_ts: an nvfp4 side's float32 tensor scale (shape ()), computed from x where None."""
     from . import _explicit_sharding as explicit
     from .api import quantize_operand
-    from .quantize import nvfp4_tensor_scale, quantize
+    from .quantize import nvfp4_tensor_scale
 
     if row is None and col is None:
         return None, None
@@ -383,10 +371,7 @@ def quantize_sides(x: jax.Array, row: Optional[Format], col: Optional[Format], r
         def one(xs, fmt, ts):
             if fmt is None:
                 return None
-            if ts is None:
-                q = quantize_operand(xs, fmt, side="a", rounding=rounding)
-            else:  # an nvfp4 side with the caller's tensor scale
-                q = explicit.quantize(lambda t: quantize(t, fmt, axis=-1, tensor_scale=ts), xs, fmt)
+            q = quantize_operand(xs, fmt, side="a", rounding=rounding, tensor_scale=ts)
             if not decoded:
                 return q
             return Decoded(_canonical_nan(explicit.dequantize(_without_tensor_scale(q), jnp.bfloat16)),

@@ -99,6 +99,7 @@ def test_transposed_nvfp4_with_given_tensor_scales_equals_jnp_on_gpu(ts, t_ts):
     x = jnp.asarray(_input("bf16", True))
     row, col = jax.jit(lambda x: jb.quantize_with_transpose(x, fmt, tensor_scale=ts, t_tensor_scale=t_ts))(x)
     t_ts = ts if t_ts is None else t_ts
+
     def ref(x, scale):
         return jax.jit(lambda x: quantize_jnp(x, fmt, axis=-1, rounding="rceil", tensor_scale=jnp.float32(scale)))(x)
 

@@ -86,9 +86,9 @@ def test_decoded_sides_carry_the_given_tensor_scale(fused):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(fmt="mxfp8", tensor_scale=0.1), "tensor_scale applies to an nvfp4 side only, not mxfp8"),
-    (dict(fmt="nvfp4", t_fmt="mxfp8", t_tensor_scale=0.1), "t_tensor_scale applies to an nvfp4 side only"),
-    (dict(fmt="nvfp4", t_fmt=None, t_tensor_scale=0.1), "t_tensor_scale applies to an nvfp4 side only, not None"),
+    (dict(fmt="mxfp8", tensor_scale=0.1), "^tensor_scale applies to nvfp4 only, not mxfp8_e4m3$"),
+    (dict(fmt="nvfp4", t_fmt="mxfp8", t_tensor_scale=0.1), "^t_tensor_scale applies to nvfp4 only, not mxfp8_e4m3$"),
+    (dict(fmt="nvfp4", t_fmt=None, t_tensor_scale=0.1), "^t_tensor_scale applies to nvfp4 only, not None$"),
     (dict(fmt="nvfp4", tensor_scale=-1.0), "finite value > 0"),
     (dict(fmt="nvfp4", tensor_scale=float("nan")), "finite value > 0"),
     (dict(fmt="nvfp4", tensor_scale=jnp.ones((2,))), "one-element array"),
