@@ -1,0 +1,332 @@
+"""An experiment: the one-row fp4 GEMV on mma.sync in the GEMV's own tile structure (issue #12, M = 1).
+
+    python -m benchmarks.decode_gemv_mma                                 # 7168x4096, 7168x2048; mxfp4, nvfp4
+    python -m benchmarks.decode_gemv_mma --shapes 7168x4096 --configs w8,w4
+    python -m benchmarks.decode_gemv_mma --sass                          # CPU: SASS per weight element
+
+Session 28's mma.sync GEMV (`benchmarks/decode_mma_f16.py`) cut the K loop to 2.45 SASS instructions per weight
+element (the CUDA-core GEMV, `decode.gemv_kernel`: 4.40) and still ran 0.74-0.87x the GEMV, because its programs
+streamed 64-128 rows in 64-byte pieces over a K split with a split-K epilogue: that structure alone, with no
+decode and no MMA, took longer than the whole GEMV. What it left to try: the GEMV's structure (few rows, whole
+K, every load issued at once, no split) with the MMA.
+
+This kernel (`gemv_mma_kernel`, Gluon, sm_90) keeps session 28's arithmetic and changes the structure:
+
+- A program owns one m16 tile (16 weight rows) and the whole of K. Its W warps split K: warp w takes the
+  w-th K / W codes of all 16 rows. Each thread loads all its bytes at once (two rows x K / (2 W) bytes x 1/4:
+  8 16-byte loads at K = 4096, W = 8), as the GEMV's whole-row tiles do.
+- The MMA is batched over the warps (a rank-3 mma.sync: warp w multiplies its own K slice against its own
+  activations), and the partial sums are added across warps once, at the end, in shared memory.
+- Decode, K relabelling, one scale group per B column and the exact fp16 activations are session 28's
+  (`decode_mma_f16`): 7 integer operations and 4 conversions per 8 codes, one mma per 8 codes and thread,
+  4 FFMAs per thread per 16 rows x 128 codes for the scales.
+- The activations are staged once per program (the whole of K, 2 bytes of shared memory per code, in slot
+  order); each dot's B operand takes them in its group column and zeros elsewhere in registers.
+
+Result (H200, 2026-12-02, session 39, `benchmarks/results/decode_gemv_experiments_h200_2026-12-02_session39.md`):
+not adopted. Correct (relative error 6.4e-8 mxfp4, 1.3e-7 nvfp4) and 0.59-0.70x the GEMV: 7168 x 4096 mxfp4
+14.09 us (8 warps) against 8.43, 7168 x 2048 7.18-7.80 against 5.03-5.07. The compiled kernel has 4.3-4.6 SASS
+instructions per weight element, no fewer than the GEMV's 4.4: the decode and the MMA take ~1.6, but building
+the B operand (the zero columns selected per register, which the compiler splits and repacks per fp16 half)
+and staging the activations take the rest; the first version, with the zero columns stored in shared memory
+(16 bytes per code), had as many. So neither the tensor cores (session 28) nor the GEMV's structure with them
+(this) beat the CUDA-core GEMV at one row on Hopper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) shares the GPU
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale._triton import launch as scratch  # noqa: E402
+from jax_blockscale._triton.decode import tensor_scale_operands  # noqa: E402
+from jax_blockscale._triton.decode_wgmma import _pow2, _slots  # noqa: E402
+from jax_blockscale._triton.problem import NVFP4  # noqa: E402
+from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
+
+from .decode_mma_f16 import _FP4_F16_PTX  # noqa: E402
+
+KINDS = {"mxfp4": "e2m1", "nvfp4": NVFP4}
+CODES = 128
+CHUNK = gl.constexpr(CODES)      # codes per row and MMA step: one 64-byte piece of each row, 8 k16 steps
+SMEM_LIMIT = 200 * 1024
+
+
+@gluon.constexpr_function
+def _bytes3(num_warps, chunk_bytes):
+    """(warps, 16 rows, chunk_bytes) layout of each warp's weight bytes: thread 4g + t of warp w holds rows g
+    and g + 8 and, of each 64-byte piece of its K slice, the t-th 16 bytes (`decode_wgmma._weight_layout`,
+    the warps along K instead of rows)."""
+    regs = ([[0, 0, b] for b in _pow2(16)] + [[0, 0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[0, 8, 0]])
+    lanes = [[0, 0, 16], [0, 0, 32], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    warps = [[w, 0, 0] for w in _pow2(num_warps)]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [num_warps, 16, chunk_bytes])
+
+
+@gluon.constexpr_function
+def _groups4(num_warps, group_bytes):
+    """`_bytes3` of one 64-byte chunk as (warps, 16 rows, groups, bytes per group): the decode's operand."""
+    def at(byte):
+        return [0, 0, byte // group_bytes, byte % group_bytes]
+    regs = [at(b) for b in _pow2(16)] + [[0, 8, 0, 0]]
+    lanes = [at(16), at(32), [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]]
+    warps = [[w, 0, 0, 0] for w in _pow2(num_warps)]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [num_warps, 16, 64 // group_bytes, group_bytes])
+
+
+@gluon.jit
+def _stage(x_ptr, x_smem, f_smem, NCW: gl.constexpr, KW: gl.constexpr, W: gl.constexpr, W_KIND: gl.constexpr,
+           num_warps: gl.constexpr):
+    """Warp w's chunk c (codes KW w + 128 c ...) of x into x_smem[(2c + h) W + w] (h: the low / high nibbles'
+    codes): 64 fp16 in slot order, each 32-code quarter times 2**shift (its largest magnitude to [2**14, 2**15),
+    decode_mma_f16's exact fp16 activations); f_smem[c W + w, j] = 2**(6 - shift) of group column j's quarter
+    (0 for mxfp4's unused columns 4-7). Compact: the B operand's zero columns are made in registers."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [num_warps, 1, 1], [2, 1, 0])
+    wq = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None]
+    qq = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
+    eq = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
+    FL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    jf = gl.arange(0, 8, layout=gl.SliceLayout(0, FL))[None, :]
+    for c in gl.static_range(NCW):
+        x = gl.load(x_ptr + wq * KW + c * CHUNK + qq * 32 + eq).to(gl.float32)  # (W, 4 quarters, 32)
+        amax = gl.max(gl.abs(x), axis=2)
+        eb = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+        shift = gl.minimum(141 - eb, 127)
+        up = ((127 + shift) << 23).to(gl.float32, bitcast=True)
+        down = ((133 - shift) << 23).to(gl.float32, bitcast=True)     # (W, 4)
+        xs = (x * up[:, :, None]).to(gl.float16)
+        even, odd = gl.split(gl.reshape(xs, [W, CHUNK // 2, 2]))
+        even = _slots(even, W, CHUNK // 2, 16)
+        odd = _slots(odd, W, CHUNK // 2, 16)
+        x_smem.slice(2 * c * W, 2 * W).store(gl.reshape(gl.permute(gl.join(even, odd), [2, 0, 1]),
+                                                         [2 * W, CHUNK // 2]))
+        d8 = gl.reshape(gl.join(down, down), [W, 8])                   # column j: quarter j // 2
+        d8 = gl.convert_layout(d8, FL)
+        # column j takes quarter j % 4: permute (q, copy) -> (copy, q)
+        d8 = gl.reshape(gl.permute(gl.reshape(d8, [W, 4, 2]), [0, 2, 1]), [W, 8])
+        d8 = gl.convert_layout(d8, FL)
+        if W_KIND != "nvfp4":
+            d8 = gl.where(jf < 4, d8, 0.0)
+        f_smem.slice(c * W, W).store(d8)
+
+
+@gluon.jit
+def _operand_b(x_smem, i, W: gl.constexpr, W_KIND: gl.constexpr, B_OP: gl.constexpr):
+    """The B operand (W, 64, 8) of dot i (x_smem rows i W ...): slot s's value in its group column, zeros
+    elsewhere (`_slots` with 16 values per vector: slot s holds value 16 t + 4 (s // 16) + ... of quarter
+    t = (s % 8) // 2; nvfp4's second 16-code group of a quarter from s = 32 on)."""
+    XL: gl.constexpr = gl.SliceLayout(2, B_OP)
+    xv = x_smem.slice(i * W, W).load(XL)                               # (W, 64)
+    s = gl.arange(0, CHUNK // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, B_OP)))[None, :, None]
+    n = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, B_OP)))[None, None, :]
+    col = (s % 8) // 2
+    if W_KIND == "nvfp4":
+        col = col + 4 * (s // 32)
+    xb = gl.broadcast(gl.expand_dims(xv, 2), n)[0]
+    return gl.where(col == n, xb, gl.zeros_like(xb))
+
+
+@gluon.jit
+def _chunk_dot(acc, zero, packed, raw_s, x_smem, f_smem, c, W: gl.constexpr, GROUP: gl.constexpr,
+               W_KIND: gl.constexpr, MMA: gl.constexpr):
+    """acc + chunk c's scaled group dot products (W, 16, 8) of every warp: decode, two batched mma.sync dots
+    (the low and the high nibbles), the scales."""
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    G4: gl.constexpr = _groups4(W, GROUP // 2)
+    v = gl.convert_layout(gl.reshape(packed, [W, 16, CHUNK // GROUP, GROUP // 2]), G4)
+    lo, hi = gl.inline_asm_elementwise(_FP4_F16_PTX, "=r,=r,=r,=r,r", [v], dtype=(gl.float16, gl.float16),
+                                       is_pure=True, pack=4)
+    a_lo = gl.reshape(_slots(gl.reshape(lo, [W * 16, CHUNK // 2]), W * 16, CHUNK // 2, 16), [W, 16, CHUNK // 2])
+    a_hi = gl.reshape(_slots(gl.reshape(hi, [W * 16, CHUNK // 2]), W * 16, CHUNK // 2, 16), [W, 16, CHUNK // 2])
+    cc = mma_v2(gl.convert_layout(a_lo, A_OP), _operand_b(x_smem, 2 * c, W, W_KIND, B_OP), zero)
+    cc = mma_v2(gl.convert_layout(a_hi, A_OP), _operand_b(x_smem, 2 * c + 1, W, W_KIND, B_OP), cc)
+    f = f_smem.slice(c * W, W).load(gl.SliceLayout(1, MMA))           # (W, 8)
+    return acc + cc * (scales_to_f32(raw_s, W_KIND) * f[:, None, :])
+
+
+@gluon.jit
+def _scales(s_ptr, rows, c, KW: gl.constexpr, K: gl.constexpr, GROUP: gl.constexpr, W: gl.constexpr,
+            W_KIND: gl.constexpr, MMA: gl.constexpr):
+    """Raw scales (W, 16, 8) of chunk c of every warp's slice, column j's group at [..., j]."""
+    w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))[:, None, None]
+    j = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
+    if W_KIND == "nvfp4":
+        g = 2 * (j % 4) + j // 4
+    else:
+        g = j % 4
+    return gl.load(s_ptr + rows * (K // GROUP) + (w * KW + c * CHUNK) // GROUP + g)
+
+
+@gluon.jit
+def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
+                    N: gl.constexpr, K: gl.constexpr, W_KIND: gl.constexpr, WIDE: gl.constexpr):
+    """out (1, N) = a_ts * b_ts * x (1, K) bf16 @ decode(w (N, K / 2), s).T, fp4 weights (mxfp4 / nvfp4).
+    Grid (cdiv(N, 16),); num_warps W splits K (K a multiple of 128 W, K / (128 W) in {1, 2, 4})."""
+    W: gl.constexpr = gl.num_warps()
+    KW: gl.constexpr = K // W                    # codes per warp
+    NCW: gl.constexpr = KW // CHUNK              # chunks per warp
+    GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
+    PB: gl.constexpr = _bytes3(W, KW // 2)
+    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    FS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+
+    pid = gl.program_id(0)
+    # every load of the program goes out first: the weight bytes, then the scales
+    wp = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, PB)))[:, None, None]
+    rp = pid * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, PB)))[None, :, None]
+    rp = gl.minimum(rp, N - 1)   # rows past N read row N - 1: never stored
+    if WIDE:
+        rp = rp.to(gl.int64)
+    bp = gl.arange(0, KW // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PB)))[None, None, :]
+    packed = gl.load(w_ptr + rp * (K // 2) + wp * (KW // 2) + bp)       # (W, 16, KW / 2)
+    rows = pid * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))[None, :, None]
+    rows = gl.minimum(rows, N - 1)
+    if WIDE:
+        rows = rows.to(gl.int64)
+    s0 = _scales(s_ptr, rows, 0, KW, K, GROUP, W, W_KIND, MMA)
+    s1 = s0
+    s2 = s0
+    s3 = s0
+    if NCW >= 2:
+        s1 = _scales(s_ptr, rows, 1, KW, K, GROUP, W, W_KIND, MMA)
+    if NCW == 4:
+        s2 = _scales(s_ptr, rows, 2, KW, K, GROUP, W, W_KIND, MMA)
+        s3 = _scales(s_ptr, rows, 3, KW, K, GROUP, W, W_KIND, MMA)
+
+    x_smem = gl.allocate_shared_memory(gl.float16, [2 * NCW * W, CHUNK // 2], XS)
+    f_smem = gl.allocate_shared_memory(gl.float32, [NCW * W, 8], FS)
+    _stage(x_ptr, x_smem, f_smem, NCW, KW, W, W_KIND, W)
+    gl.thread_barrier()
+
+    zero = gl.zeros([W, 16, 8], gl.float32, layout=MMA)
+    if NCW == 1:
+        acc = _chunk_dot(zero, zero, packed, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
+    elif NCW == 2:
+        p0, p1 = gl.split(gl.permute(gl.reshape(packed, [W, 16, 2, CHUNK // 2]), [0, 1, 3, 2]))
+        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
+        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA)
+    else:
+        even, odd = gl.split(gl.permute(gl.reshape(packed, [W, 16, 2, 2, CHUNK // 2]), [0, 1, 4, 2, 3]))
+        p0, p2 = gl.split(even)
+        p1, p3 = gl.split(odd)
+        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
+        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA)
+        acc = _chunk_dot(acc, zero, p2, s2, x_smem, f_smem, 2, W, GROUP, W_KIND, MMA)
+        acc = _chunk_dot(acc, zero, p3, s3, x_smem, f_smem, 3, W, GROUP, W_KIND, MMA)
+    total = gl.sum(gl.sum(acc, axis=2), axis=0)                         # (16,): over columns, then warps
+    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
+    on = pid * 16 + gl.arange(0, 16, layout=total.type.layout)
+    gl.store(out_ptr + on, (total * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launcher and harness.
+
+
+def check(rows: int, n: int, k: int, warps: int) -> None:
+    """Refuses what the kernel cannot take, before anything compiles."""
+    if rows != 1:
+        raise ValueError(f"the mma.sync GEMV takes one activation row, got {rows}")
+    if warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {warps}")
+    if k % (CODES * warps) or k // (CODES * warps) not in (1, 2, 4):
+        raise ValueError(f"K / (128 num_warps) must be 1, 2 or 4, got K={k}, num_warps={warps}")
+    if 2 * k + 32 * k // CODES > SMEM_LIMIT:
+        raise ValueError(f"K={k}: the staged activations ({2 * k} bytes) exceed {SMEM_LIMIT}")
+
+
+def launch(x: jax.Array, w: "jb.BlockScaledArray", warps: int, out_dtype=jnp.bfloat16) -> jax.Array:
+    """x (1, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (1, N)."""
+    if w.fmt.name not in KINDS:
+        raise ValueError(f"formats {tuple(KINDS)}, got {w.fmt.name!r}")
+    (rows, _), (n, k) = x.shape, w.shape
+    check(rows, n, k, warps)
+    a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)
+    (out,) = scratch.scratch_call(
+        gemv_mma_kernel, w.values, w.scales, x, a_ts, b_ts,
+        out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(-(-n // 16),), num_warps=warps,
+        num_stages=1, compute_capability=90, name=f"gemv_mma_{KINDS[w.fmt.name]}", N=n, K=k,
+        W_KIND=KINDS[w.fmt.name], WIDE=n * (k // 2) >= 2**31)
+    return out
+
+
+def sass(warps_list, kinds, k: int = 4096, n: int = 7168) -> None:
+    """CPU: compile for sm_90 and count SASS instructions per weight element (whole kernel, straight-line)."""
+    from jax_blockscale._triton.compile import compile_kernel
+    from benchmarks._sass import disassemble, registers
+    from benchmarks.sass_quant import classify, parse
+    import collections
+
+    for kind in kinds:
+        for warps in warps_list:
+            sig = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
+            ck = compile_kernel(gemv_mma_kernel, target="sm_90", signature=sig,
+                                constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], WIDE=False), num_warps=warps,
+                                num_stages=1)
+            insts, _ = parse(disassemble(ck.asm["cubin"], "cuobjdump"))
+            cnt = collections.Counter(classify(op) for _, op, _ in insts)
+            ops = collections.Counter(op.split(".")[0] for _, op, _ in insts)
+            per = 32 * warps / (16 * k)
+            print(f"{kind} w{warps} K={k}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
+                  f"{sum(cnt.values()) * per:.2f} SASS per weight element; "
+                  + ", ".join(f"{c} {v * per:.2f}" for c, v in cnt.most_common()))
+            print("   ", ", ".join(f"{o} {v}" for o, v in ops.most_common(24)))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="7168x4096,7168x2048", help="NxK,...")
+    ap.add_argument("--formats", default="mxfp4,nvfp4", help="mxfp4,nvfp4")
+    ap.add_argument("--configs", default="w8,w16,w4", help="wW,... (warps splitting K)")
+    ap.add_argument("--sass", action="store_true", help="CPU: SASS counts only")
+    a = ap.parse_args(argv)
+    warps_list = [int(c[1:]) for c in a.configs.split(",")]
+    if a.sass:
+        sass(warps_list, a.formats.split(","))
+        return
+    from . import decode as bd
+
+    torch = bd._torch()
+    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
+    print("| format | N | K | kernel | us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fmt in a.formats.split(","):
+        for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+            ws, read, dense = bd.experiment_weights(torch, fmt, n, k)
+            x = jax.random.normal(jax.random.key(7), (1, k), jnp.float32).astype(jnp.bfloat16)
+            xla, disp, ref = bd.experiment_baselines(torch, x, ws, dense)
+            row = f"| {fmt} | {n} | {k} |"
+            print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
+            print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
+                  f"{xla / disp:.2f}x | 1.00x | |", flush=True)
+            for warps in warps_list:
+                try:
+                    check(1, n, k, warps)
+                except ValueError as e:
+                    print(f"{row} w{warps} | refused: {e} | | | | |")
+                    continue
+                out = np.asarray(jax.jit(lambda x, w: launch(x, w, warps, jnp.float32))(x, ws[0]), np.float64)
+                err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+                if not err < 1e-5:
+                    print(f"{row} w{warps} | wrong | | | | {err:.1e} |")
+                    continue
+                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, warps)), [(x, w) for w in ws], torch)
+                print(f"{row} w{warps} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
+                      f"{err:.1e} |", flush=True)
+            print(f"{row} dispatch again | {bd.kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch):.2f} | | | | |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

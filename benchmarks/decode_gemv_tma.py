@@ -1,0 +1,256 @@
+"""An experiment: the one-row fp4 GEMV streamed through a TMA ring in shared memory (issue #12, M = 1).
+
+    python -m benchmarks.decode_gemv_tma                                 # 7168x4096, 7168x2048; mxfp4, nvfp4
+    python -m benchmarks.decode_gemv_tma --configs p1:s4,p1:s6,p2:s3
+
+The question. `decode.gemv_kernel` at one row reads a 7168 x 4096 mxfp4 weight in 8.4 us on an H200, where a
+same-size read takes 5.0 and its own arithmetic (4.4 SASS instructions per weight element) would issue in ~3.9
+us over the GPU: the sum of the two, not the larger. Its 896 programs (4 per SM, 1.7 waves) each load their whole
+tile, then compute: a wave's loads and a wave's arithmetic do not overlap. Session 38's persistent variant that
+prefetched the next tile into registers doubled its registers and halved the programs, and lost (0.31-0.75x).
+
+This kernel (`gemv_tma_kernel`, Gluon, sm_90) keeps the bytes in flight out of the registers: persistent
+programs (`p` per SM) walk their 8-row tiles, K in steps of 1024 bytes per row, through a ring of `s` stages in
+shared memory filled by TMA (4 boxes of 8 x 256 bytes per step; an mbarrier per stage). Each step, every thread
+reads its 2 rows x 16 bytes from the stage, the CTA syncs, one thread refills that stage with the step `s` ahead,
+and the arithmetic runs while the ring streams. The arithmetic is the GEMV's: the e4m3 decode
+(`decode._FP4_F32_PTX`: 2**-6 times the e2m1 values as fp32), one FMA per element with the activations (staged
+once per program as fp32 in shared memory, shared by a thread's two rows), each group's sum times 2**6 and its
+scale (loaded one step ahead into registers), the 8 row sums reduced across threads once per tile.
+
+Result (H200, 2026-12-02, session 39, `benchmarks/results/decode_gemv_experiments_h200_2026-12-02_session39.md`):
+not adopted. Correct (relative error 6.5e-8 mxfp4, 1.3e-7 nvfp4, as the GEMV's), and 0.36-0.54x the GEMV on
+every shape and configuration tried (1-4 programs per SM, 2-8 stages; 7168 x 4096 mxfp4 15.56 us at best against
+8.40). More stages made it slower, more programs per SM faster: the ring was not what was short; the consumers
+were. The compiled loop has six CTA-wide bar.sync per step, which Triton 3.6's membar analysis places around
+the TMA issue and the mbarrier operations (as it did in block_fp8_gluon.py before its named-barrier releases),
+so every step waits for the slowest warp several times. Not tried: a warp-specialized producer with the stages
+released by named barriers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) shares the GPU
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
+
+import jax_blockscale as jb  # noqa: E402
+from jax_blockscale._triton import launch as scratch  # noqa: E402
+from jax_blockscale._triton.decode import _FP4_F32_PTX, _FP4_F32_UNSCALE, tensor_scale_operands  # noqa: E402
+from jax_blockscale._triton.problem import NVFP4  # noqa: E402
+from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
+
+KINDS = {"mxfp4": "e2m1", "nvfp4": NVFP4}
+ROWS = gl.constexpr(8)  # weight rows per tile
+STEP_BYTES = 1024   # bytes of each row per step: 4 TMA boxes of 256 (a box's largest dimension)
+SMS = 132
+SMEM_LIMIT = 220 * 1024
+
+
+@gluon.jit
+def gemv_tma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
+                    N: gl.constexpr, K: gl.constexpr, W_KIND: gl.constexpr, STAGES: gl.constexpr,
+                    PROGRAMS: gl.constexpr):
+    """out (1, N) = a_ts * b_ts * x (1, K) bf16 @ decode(w (N, K / 2), s).T; w through the TMA descriptor
+    a TMA descriptor made in the kernel (box 8 x 256 bytes). Grid (PROGRAMS,), 8 warps; K a multiple of 2048."""
+    GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
+    GB: gl.constexpr = GROUP // 2                          # bytes per scale group
+    SPT: gl.constexpr = K // 2 // 1024                      # steps per tile
+    TILES: gl.constexpr = (N + 7) // 8
+    # a stage as (4 boxes x 8 rows, 256 bytes): a thread holds 2 rows x 16 bytes of one box
+    L2: gl.constexpr = gl.BlockedLayout([2, 16], [2, 16], [8, 1], [1, 0])
+    W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // 2], [K // 2, 1], [ROWS, 256], W_SL)
+    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    # the layouts the (box, row, byte) view and its group sums take (traced from a constant, folded away)
+    probe = gl.reshape(gl.zeros([4 * ROWS, 256], gl.float32, L2), [4, ROWS, 256])
+    L3: gl.constexpr = probe.type.layout
+    XL: gl.constexpr = gl.SliceLayout(1, L3)                # (box, byte): activations
+    SL: gl.constexpr = gl.sum(gl.reshape(probe, [4, ROWS, 256 // GB, GB]), axis=3).type.layout
+
+    pid = gl.program_id(0)
+    my_tiles = (TILES - pid + PROGRAMS - 1) // PROGRAMS
+    total = my_tiles * SPT
+
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * 4, ROWS, 256], W_SL)   # TMA's view: one box each
+    w_stages = w_bufs._reinterpret(gl.uint8, [STAGES, 4 * ROWS, 256], W_SL)        # the threads' view
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    # the ring's first STAGES steps go out before anything else
+    for i in gl.static_range(STAGES):
+        t = pid + (i // SPT) * PROGRAMS
+        kb = (i % SPT) * 1024
+        go = i < total
+        mbarrier.expect(ready.index(i), 4 * ROWS * 256, pred=go)
+        for j in gl.static_range(4):
+            tma.async_copy_global_to_shared(w_desc, [t * ROWS, kb + 256 * j], ready.index(i), w_bufs.index(4 * i + j),
+                                            pred=go)
+
+    # activations as fp32 (even codes, odd codes), K / 512 boxes of 256 bytes' codes each
+    xe_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    xo_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    xe_steps = xe_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
+    xo_steps = xo_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
+    XSL: gl.constexpr = gl.BlockedLayout([1, 8, 2], [1, 32, 1], [8, 1, 1], [2, 1, 0])
+    bi = gl.arange(0, K // 512, layout=gl.SliceLayout(1, gl.SliceLayout(2, XSL)))[:, None, None]
+    yi = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, XSL)))[None, :, None]
+    ni = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, XSL)))[None, None, :]
+    xv = gl.load(x_ptr + bi * 512 + yi * 2 + ni).to(gl.float32)
+    x_even, x_odd = gl.split(xv)
+    xe_smem.store(x_even)
+    xo_smem.store(x_odd)
+    gl.thread_barrier()
+
+    jj = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL)))[:, None, None]
+    rr = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))[None, :, None]
+    gg = gl.arange(0, 256 // GB, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL)))[None, None, :]
+    acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
+    # scales of step 0, then each step loads the next one's
+    rows0 = gl.minimum(pid * ROWS + rr, N - 1)
+    s_next = gl.load(s_ptr + rows0 * (K // GROUP) + (jj * 256 + gg * GB) // GB)
+    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
+    for step in range(total):
+        s = step % STAGES
+        tile = pid + (step // SPT) * PROGRAMS
+        kb = (step % SPT) * 1024
+        raw_s = s_next
+        nstep = step + 1
+        ntile = pid + (nstep // SPT) * PROGRAMS
+        nrows = gl.minimum(ntile * ROWS + rr, N - 1)
+        # (past the last step: a valid address, never used)
+        s_next = gl.load(s_ptr + nrows * (K // GROUP) + ((nstep % SPT) * 1024 + jj * 256 + gg * GB) // GB)
+        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+        w = gl.reshape(w_stages.index(s).load(L2), [4, ROWS, 256])      # (box, row, byte) uint8
+        gl.thread_barrier()                                          # every thread has read stage s
+        fence_async_shared()
+        ahead = step + STAGES
+        go = ahead < total
+        at = pid + (ahead // SPT) * PROGRAMS
+        akb = (ahead % SPT) * 1024
+        mbarrier.expect(ready.index(s), 4 * ROWS * 256, pred=go)
+        for j in gl.static_range(4):
+            tma.async_copy_global_to_shared(w_desc, [at * ROWS, akb + 256 * j], ready.index(s),
+                                            w_bufs.index(4 * s + j), pred=go)
+        lo, hi = gl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w],
+                                           dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
+        xe = xe_steps.index(step % SPT).load(XL)                     # (4, 256)
+        xo = xo_steps.index(step % SPT).load(XL)
+        prod = lo * gl.expand_dims(xe, 1) + hi * gl.expand_dims(xo, 1)
+        part = gl.sum(gl.reshape(prod, [4, ROWS, 256 // GB, GB]), axis=3)
+        acc += part * (scales_to_f32(raw_s, W_KIND) * _FP4_F32_UNSCALE)
+        if step % SPT == SPT - 1:
+            total_r = gl.sum(gl.sum(acc, axis=2), axis=0)            # (8,)
+            on = tile * ROWS + gl.arange(0, ROWS, layout=total_r.type.layout)
+            gl.store(out_ptr + on, (total_r * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
+            acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
+
+
+def check(rows: int, n: int, k: int, stages: int) -> None:
+    if rows != 1:
+        raise ValueError(f"the TMA GEMV takes one activation row, got {rows}")
+    if k % 2048:
+        raise ValueError(f"K must be a multiple of 2048, got {k}")
+    smem = stages * ROWS * STEP_BYTES + 4 * k + 1024
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"{stages} stages and K={k} need {smem} bytes of shared memory (> {SMEM_LIMIT})")
+
+
+def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages: int,
+           out_dtype=jnp.bfloat16) -> jax.Array:
+    """x (1, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (1, N)."""
+    if w.fmt.name not in KINDS:
+        raise ValueError(f"formats {tuple(KINDS)}, got {w.fmt.name!r}")
+    (rows, _), (n, k) = x.shape, w.shape
+    check(rows, n, k, stages)
+    a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)
+    tiles = -(-n // ROWS)
+    programs = min(tiles, SMS * programs_per_sm)
+    (out,) = scratch.scratch_call(
+        gemv_tma_kernel, w.values, w.scales, x, a_ts, b_ts,
+        out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(programs,), num_warps=8, num_stages=1,
+        compute_capability=90, name=f"gemv_tma_{KINDS[w.fmt.name]}", N=n, K=k, W_KIND=KINDS[w.fmt.name],
+        STAGES=stages, PROGRAMS=programs)
+    return out
+
+
+def parse_config(spec: str) -> tuple[int, int]:
+    """'p1:s4' -> (programs per SM, ring stages)."""
+    v = {t[0]: int(t[1:]) for t in spec.split(":")}
+    return v["p"], v["s"]
+
+
+def sass(configs, kinds, n: int = 7168, k: int = 4096) -> None:
+    """CPU: compile for sm_90; registers, shared memory and the loop's SASS per weight element."""
+    from jax_blockscale._triton.compile import compile_kernel
+    from benchmarks._sass import disassemble, registers
+
+    for kind in kinds:
+        for p, st in configs:
+            sig = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
+            ck = compile_kernel(gemv_tma_kernel, target="sm_90", signature=sig,
+                                constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], STAGES=st, PROGRAMS=SMS * p),
+                                num_warps=8, num_stages=1)
+            text = disassemble(ck.asm["cubin"], "cuobjdump")
+            n_inst = sum(1 for line in text.splitlines() if line.strip().startswith("/*") and ";" in line)
+            print(f"{kind} p{p}:s{st}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
+                  f"{n_inst} SASS instructions (static)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="7168x4096,7168x2048,8192x8192", help="NxK,...")
+    ap.add_argument("--formats", default="mxfp4,nvfp4", help="mxfp4,nvfp4")
+    ap.add_argument("--configs", default="p1:s4,p1:s6,p2:s3", help="pP:sS,... (programs per SM, ring stages)")
+    ap.add_argument("--sass", action="store_true", help="CPU: compile only")
+    a = ap.parse_args(argv)
+    configs = [parse_config(c) for c in a.configs.split(",")]
+    if a.sass:
+        sass(configs, a.formats.split(","))
+        return
+    from . import decode as bd
+
+    torch = bd._torch()
+    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
+    print("| format | N | K | kernel | us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fmt in a.formats.split(","):
+        for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
+            ws, read, dense = bd.experiment_weights(torch, fmt, n, k)
+            x = jax.random.normal(jax.random.key(7), (1, k), jnp.float32).astype(jnp.bfloat16)
+            xla, disp, ref = bd.experiment_baselines(torch, x, ws, dense)
+            row = f"| {fmt} | {n} | {k} |"
+            print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
+            print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
+                  f"{xla / disp:.2f}x | 1.00x | |", flush=True)
+            for p, st in configs:
+                label = f"p{p}:s{st}"
+                try:
+                    check(1, n, k, st)
+                except ValueError as e:
+                    print(f"{row} {label} | refused: {e} | | | | |")
+                    continue
+                try:
+                    out = np.asarray(jax.jit(lambda x, w: launch(x, w, p, st, jnp.float32))(x, ws[0]), np.float64)
+                except Exception as e:  # noqa: BLE001 (an experiment: report and go on)
+                    print(f"{row} {label} | failed: {type(e).__name__}: {str(e)[-300:]!r} | | | | |")
+                    continue
+                err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+                if not err < 1e-5:
+                    print(f"{row} {label} | wrong | | | | {err:.1e} |")
+                    continue
+                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, p, st)), [(x, w) for w in ws], torch)
+                print(f"{row} {label} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
+                      f"{err:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""CPU checks of benchmarks/decode_gemv_mma.py and benchmarks/decode_gemv_tma.py (two one-row GEMV experiments
+kept with their results, session 39): each kernel still compiles for sm_90 to what its docstring says, and each
+launcher refuses what its kernel cannot take, before anything compiles."""
+
+import re
+
+import pytest
+
+from benchmarks import decode_gemv_mma as mma
+from benchmarks import decode_gemv_tma as tma_gemv
+from jax_blockscale._triton.compile import compile_kernel
+
+_SIG = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
+
+
+def _sig(w_kind):
+    return dict(_SIG, s_ptr="*fp8e4nv" if w_kind == "nvfp4" else "*u8")
+
+
+@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
+def test_mma_gemv_is_a_batched_mma_sync_over_warps_splitting_k(w_kind):
+    ck = compile_kernel(mma.gemv_mma_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8, num_stages=1,
+                        constexprs=dict(N=7168, K=4096, W_KIND=w_kind, WIDE=False))
+    ptx = ck.asm["ptx"]
+    # per warp: 4 chunks of 128 codes x 2 dots (low / high nibbles) x 4 k16 steps, every load issued up front
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx)) == 32
+    assert "cvt.rn.f16x2.e4m3x2" in ptx
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx)       # 16-byte weight vectors
+    assert "wgmma" not in ptx and "cp.async" not in ptx
+    # the activations are staged compactly: 2 bytes per code plus the per-column factors
+    assert ck.metadata.shared < 16 * 1024
+
+
+@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
+def test_tma_gemv_streams_the_weight_through_a_tma_ring(w_kind):
+    ck = compile_kernel(tma_gemv.gemv_tma_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8, num_stages=1,
+                        constexprs=dict(N=7168, K=4096, W_KIND=w_kind, STAGES=4, PROGRAMS=132))
+    ptx = ck.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx                      # TMA boxes into the ring
+    assert "mbarrier.try_wait" in ptx
+    assert "cvt.rn.f16x2.e4m3x2" in ptx                          # the GEMV's decode
+    # 4 stages of 8 rows x 1024 bytes, activations as fp32 (8 bytes per 2 codes)
+    assert ck.metadata.shared >= 4 * 8 * 1024 + 4 * 4096
+
+
+def test_launchers_refuse_what_the_kernels_cannot_take():
+    with pytest.raises(ValueError, match="one activation row"):
+        mma.check(2, 7168, 4096, 8)
+    with pytest.raises(ValueError, match="K / \\(128 num_warps\\) must be 1, 2 or 4"):
+        mma.check(1, 7168, 4096, 4)
+    with pytest.raises(ValueError, match="num_warps must be"):
+        mma.check(1, 7168, 4096, 3)
+    with pytest.raises(ValueError, match="one activation row"):
+        tma_gemv.check(2, 7168, 4096, 4)
+    with pytest.raises(ValueError, match="multiple of 2048"):
+        tma_gemv.check(1, 7168, 3072, 4)
+    with pytest.raises(ValueError, match="shared memory"):
+        tma_gemv.check(1, 7168, 49152, 8)
+    assert tma_gemv.parse_config("p2:s3") == (2, 3)
