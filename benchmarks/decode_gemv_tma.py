@@ -2,11 +2,12 @@
 
     python -m benchmarks.decode_gemv_tma                                 # 7168x4096, 7168x2048; mxfp4, nvfp4
     python -m benchmarks.decode_gemv_tma --configs p1:s4,p1:s6,p2:s3
+    python -m benchmarks.decode_gemv_tma --configs ws:p1:s4,ws:p2:s4     # the warp-specialized variant
 
 The question. `decode.gemv_kernel` at one row reads a 7168 x 4096 mxfp4 weight in 8.4 us on an H200, where a
 same-size read takes 5.0 and its own arithmetic (4.4 SASS instructions per weight element) would issue in ~3.9
-us over the GPU: the sum of the two, not the larger. Its 896 programs (4 per SM, 1.7 waves) each load their whole
-tile, then compute: a wave's loads and a wave's arithmetic do not overlap. Session 38's persistent variant that
+us over the GPU: close to the sum of the two rather than the larger. The hypothesis tested: its 896 programs (4
+per SM, 1.7 waves) each load their whole tile, then compute, so a wave's loads and arithmetic do not overlap. Session 38's persistent variant that
 prefetched the next tile into registers doubled its registers and halved the programs, and lost (0.31-0.75x).
 
 This kernel (`gemv_tma_kernel`, Gluon, sm_90) keeps the bytes in flight out of the registers: persistent
@@ -21,11 +22,14 @@ scale (loaded one step ahead into registers), the 8 row sums reduced across thre
 Result (H200, 2026-12-02, session 39, `benchmarks/results/decode_gemv_experiments_h200_2026-12-02_session39.md`):
 not adopted. Correct (relative error 6.5e-8 mxfp4, 1.3e-7 nvfp4, as the GEMV's), and 0.36-0.54x the GEMV on
 every shape and configuration tried (1-4 programs per SM, 2-8 stages; 7168 x 4096 mxfp4 15.56 us at best against
-8.40). More stages made it slower, more programs per SM faster: the ring was not what was short; the consumers
-were. The compiled loop has six CTA-wide bar.sync per step, which Triton 3.6's membar analysis places around
-the TMA issue and the mbarrier operations (as it did in block_fp8_gluon.py before its named-barrier releases),
-so every step waits for the slowest warp several times. Not tried: a warp-specialized producer with the stages
-released by named barriers.
+8.40). More stages made it slower: the ring was not what was short. The single-partition loop has six CTA-wide
+bar.sync per step, which Triton 3.6's membar analysis places around the TMA issue and the mbarrier operations;
+`gemv_ws_kernel` (configs `ws:pP:sS`) removes them: a 1-warp TMA partition, stages released by named barriers as
+in block_fp8_gluon.py. It ran the same, 0.45-0.54x (15.52 us at best). So the consumers' instruction stream is
+the bound: the loop has 430 SASS instructions per step and thread (369 warp-specialized; 64 codes: 6.7 and 5.8
+per code, where the GEMV's has 4.4), the decode, the products and their group sums plus the activation loads
+from shared memory, the scale prefetch's address arithmetic and the per-step control, issued by 8 warps per
+program. Whether the GEMV's own waves overlap their loads and arithmetic was not measured directly.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import launch as scratch  # noqa: E402
+from jax_blockscale._triton.block_fp8_gluon import _named_barrier  # noqa: E402
 from jax_blockscale._triton.decode import _FP4_F32_PTX, _FP4_F32_UNSCALE, tensor_scale_operands  # noqa: E402
 from jax_blockscale._triton.problem import NVFP4  # noqa: E402
 from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
@@ -154,6 +159,124 @@ def gemv_tma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
             acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
 
 
+# The warp-specialized variant (`gemv_ws_kernel`): a 1-warp TMA partition fills the ring; the 8 consumer warps
+# release each stage with bar.arrive on named barrier WS_BAR0 + s (the loader bar.syncs on it before refilling),
+# as block_fp8_gluon.py does, so that no CTA-wide bar.sync sits in the consumers' loop.
+WS_BAR0 = gl.constexpr(8)
+WS_MAX_STAGES = 8                 # named barriers 8-15
+WS_THREADS = gl.constexpr(8 * 32 + 32)
+
+
+@gluon.jit
+def _ws_loader(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
+               N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
+               PROGRAMS: gl.constexpr):
+    """The TMA partition: every step of this program into stage step % STAGES, once the consumers released it."""
+    SPT: gl.constexpr = K // 2 // 1024
+    TILES: gl.constexpr = (N + 7) // 8
+    pid = gl.program_id(0)
+    total = ((TILES - pid + PROGRAMS - 1) // PROGRAMS) * SPT
+    for step in range(total):
+        s = step % STAGES
+        if step >= STAGES:
+            _named_barrier(WS_BAR0 + s, WS_THREADS, False, 1)
+        t = pid + (step // SPT) * PROGRAMS
+        kb = (step % SPT) * 1024
+        mbarrier.expect(ready.index(s), 4 * ROWS * 256)
+        for j in gl.static_range(4):
+            tma.async_copy_global_to_shared(w_desc, [t * ROWS, kb + 256 * j], ready.index(s), w_bufs.index(4 * s + j))
+    # every arrival on a named barrier is waited for before the program ends
+    for i in range(gl.maximum(total - STAGES, 0), total):
+        _named_barrier(WS_BAR0 + i % STAGES, WS_THREADS, False, 1)
+
+
+@gluon.jit
+def _ws_consumer(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
+                 N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
+                 PROGRAMS: gl.constexpr):
+    """The 8 consumer warps: each step's bytes from the stage, the stage released, then the GEMV's arithmetic.
+    NV: nvfp4 weights (else mxfp4)."""
+    GROUP: gl.constexpr = 32 - 16 * NV
+    GB: gl.constexpr = GROUP // 2
+    SPT: gl.constexpr = K // 2 // 1024
+    TILES: gl.constexpr = (N + 7) // 8
+    L2: gl.constexpr = gl.BlockedLayout([2, 16], [2, 16], [8, 1], [1, 0])
+    probe = gl.reshape(gl.zeros([4 * ROWS, 256], gl.float32, L2), [4, ROWS, 256])
+    L3: gl.constexpr = probe.type.layout
+    XL: gl.constexpr = gl.SliceLayout(1, L3)
+    SL: gl.constexpr = gl.sum(gl.reshape(probe, [4, ROWS, 256 // GB, GB]), axis=3).type.layout
+    pid = gl.program_id(0)
+    total = ((TILES - pid + PROGRAMS - 1) // PROGRAMS) * SPT
+    jj = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL)))[:, None, None]
+    rr = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))[None, :, None]
+    gg = gl.arange(0, 256 // GB, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL)))[None, None, :]
+    acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
+    rows0 = gl.minimum(pid * ROWS + rr, N - 1)
+    s_next = gl.load(s_ptr + rows0 * (K // GROUP) + (jj * 256 + gg * GB) // GB)
+    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
+    for step in range(total):
+        s = step % STAGES
+        tile = pid + (step // SPT) * PROGRAMS
+        raw_s = s_next
+        nstep = step + 1
+        nrows = gl.minimum((pid + (nstep // SPT) * PROGRAMS) * ROWS + rr, N - 1)
+        s_next = gl.load(s_ptr + nrows * (K // GROUP) + ((nstep % SPT) * 1024 + jj * 256 + gg * GB) // GB)
+        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+        w = gl.reshape(w_stages.index(s).load(L2), [4, ROWS, 256])
+        _named_barrier(WS_BAR0 + s, WS_THREADS, True, 8)            # stage s read: the loader may refill it
+        lo, hi = gl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w],
+                                           dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
+        xe = xe_steps.index(step % SPT).load(XL)
+        xo = xo_steps.index(step % SPT).load(XL)
+        prod = lo * gl.expand_dims(xe, 1) + hi * gl.expand_dims(xo, 1)
+        part = gl.sum(gl.reshape(prod, [4, ROWS, 256 // GB, GB]), axis=3)
+        if NV:
+            sv = scales_to_f32(raw_s, "nvfp4")
+        else:
+            sv = scales_to_f32(raw_s, "e2m1")
+        acc += part * (sv * _FP4_F32_UNSCALE)
+        if step % SPT == SPT - 1:
+            total_r = gl.sum(gl.sum(acc, axis=2), axis=0)
+            on = tile * ROWS + gl.arange(0, ROWS, layout=total_r.type.layout)
+            gl.store(out_ptr + on, (total_r * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
+            acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
+
+
+@gluon.jit
+def gemv_ws_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
+                   N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
+                   PROGRAMS: gl.constexpr):
+    """`gemv_tma_kernel`'s product, warp-specialized (`_ws_loader`, `_ws_consumer`). Launched with 8 warps (the
+    consumers); the loader adds one. STAGES <= 8. NV: 1 for nvfp4 weights, 0 for mxfp4."""
+    W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // 2], [K // 2, 1], [ROWS, 256], W_SL)
+    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * 4, ROWS, 256], W_SL)
+    w_stages = w_bufs._reinterpret(gl.uint8, [STAGES, 4 * ROWS, 256], W_SL)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    xe_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    xo_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    xe_steps = xe_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
+    xo_steps = xo_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
+    XSL: gl.constexpr = gl.BlockedLayout([1, 8, 2], [1, 32, 1], [8, 1, 1], [2, 1, 0])
+    bi = gl.arange(0, K // 512, layout=gl.SliceLayout(1, gl.SliceLayout(2, XSL)))[:, None, None]
+    yi = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, XSL)))[None, :, None]
+    ni = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, XSL)))[None, None, :]
+    x_even, x_odd = gl.split(gl.load(x_ptr + bi * 512 + yi * 2 + ni).to(gl.float32))
+    xe_smem.store(x_even)
+    xo_smem.store(x_odd)
+    gl.thread_barrier()
+    # (the argument tuples written out: a tuple bound to a name first turns its numbers into tensors)
+    gl.warp_specialize([
+        (_ws_consumer, (w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K,
+                        NV, STAGES, PROGRAMS)),
+        (_ws_loader, (w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K,
+                      NV, STAGES, PROGRAMS)),
+    ], [1], [48])
+
+
 def check(rows: int, n: int, k: int, stages: int) -> None:
     if rows != 1:
         raise ValueError(f"the TMA GEMV takes one activation row, got {rows}")
@@ -165,7 +288,7 @@ def check(rows: int, n: int, k: int, stages: int) -> None:
 
 
 def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages: int,
-           out_dtype=jnp.bfloat16) -> jax.Array:
+           out_dtype=jnp.bfloat16, ws: bool = False) -> jax.Array:
     """x (1, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (1, N)."""
     if w.fmt.name not in KINDS:
         raise ValueError(f"formats {tuple(KINDS)}, got {w.fmt.name!r}")
@@ -175,17 +298,22 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages:
     tiles = -(-n // ROWS)
     programs = min(tiles, SMS * programs_per_sm)
     (out,) = scratch.scratch_call(
-        gemv_tma_kernel, w.values, w.scales, x, a_ts, b_ts,
+        gemv_ws_kernel if ws else gemv_tma_kernel, w.values, w.scales, x, a_ts, b_ts,
         out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(programs,), num_warps=8, num_stages=1,
-        compute_capability=90, name=f"gemv_tma_{KINDS[w.fmt.name]}", N=n, K=k, W_KIND=KINDS[w.fmt.name],
-        STAGES=stages, PROGRAMS=programs)
+        # the warp-specialized kernel takes as many registers as one program per SM allows unless capped
+        maxnreg=(65536 // (288 * programs_per_sm)) // 8 * 8 if ws and programs_per_sm > 1 else 0,
+        compute_capability=90, name=f"gemv_{'ws' if ws else 'tma'}_{KINDS[w.fmt.name]}", N=n, K=k,
+        STAGES=stages, PROGRAMS=programs,
+        **({"NV": int(w.fmt.name == "nvfp4")} if ws else {"W_KIND": KINDS[w.fmt.name]}))
     return out
 
 
-def parse_config(spec: str) -> tuple[int, int]:
-    """'p1:s4' -> (programs per SM, ring stages)."""
-    v = {t[0]: int(t[1:]) for t in spec.split(":")}
-    return v["p"], v["s"]
+def parse_config(spec: str) -> tuple[int, int, bool]:
+    """'p1:s4' -> (programs per SM, ring stages, False); 'ws:p2:s6' -> the warp-specialized kernel."""
+    parts = spec.split(":")
+    ws = parts[0] == "ws"
+    v = {t[0]: int(t[1:]) for t in parts[ws:]}
+    return v["p"], v["s"], ws
 
 
 def sass(configs, kinds, n: int = 7168, k: int = 4096) -> None:
@@ -194,14 +322,15 @@ def sass(configs, kinds, n: int = 7168, k: int = 4096) -> None:
     from benchmarks._sass import disassemble, registers
 
     for kind in kinds:
-        for p, st in configs:
+        for p, st, ws in configs:
             sig = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
-            ck = compile_kernel(gemv_tma_kernel, target="sm_90", signature=sig,
-                                constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], STAGES=st, PROGRAMS=SMS * p),
+            ck = compile_kernel(gemv_ws_kernel if ws else gemv_tma_kernel, target="sm_90", signature=sig,
+                                constexprs=dict(N=n, K=k, STAGES=st, PROGRAMS=SMS * p,
+                                                **({"NV": int(kind == "nvfp4")} if ws else {"W_KIND": KINDS[kind]})),
                                 num_warps=8, num_stages=1)
             text = disassemble(ck.asm["cubin"], "cuobjdump")
             n_inst = sum(1 for line in text.splitlines() if line.strip().startswith("/*") and ";" in line)
-            print(f"{kind} p{p}:s{st}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
+            print(f"{kind} {'ws:' if ws else ''}p{p}:s{st}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
                   f"{n_inst} SASS instructions (static)")
 
 
@@ -231,15 +360,15 @@ def main(argv=None) -> None:
             print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
             print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
                   f"{xla / disp:.2f}x | 1.00x | |", flush=True)
-            for p, st in configs:
-                label = f"p{p}:s{st}"
+            for p, st, wsp in configs:
+                label = f"{'ws:' if wsp else ''}p{p}:s{st}"
                 try:
                     check(1, n, k, st)
                 except ValueError as e:
                     print(f"{row} {label} | refused: {e} | | | | |")
                     continue
                 try:
-                    out = np.asarray(jax.jit(lambda x, w: launch(x, w, p, st, jnp.float32))(x, ws[0]), np.float64)
+                    out = np.asarray(jax.jit(lambda x, w: launch(x, w, p, st, jnp.float32, wsp))(x, ws[0]), np.float64)
                 except Exception as e:  # noqa: BLE001 (an experiment: report and go on)
                     print(f"{row} {label} | failed: {type(e).__name__}: {str(e)[-300:]!r} | | | | |")
                     continue
@@ -247,7 +376,7 @@ def main(argv=None) -> None:
                 if not err < 1e-5:
                     print(f"{row} {label} | wrong | | | | {err:.1e} |")
                     continue
-                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, p, st)), [(x, w) for w in ws], torch)
+                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, p, st, ws=wsp)), [(x, w) for w in ws], torch)
                 print(f"{row} {label} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
                       f"{err:.1e} |", flush=True)
 

@@ -43,6 +43,15 @@ def test_tma_gemv_streams_the_weight_through_a_tma_ring(w_kind):
     assert ck.metadata.shared >= 4 * 8 * 1024 + 4 * 4096
 
 
+def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
+    ck = compile_kernel(tma_gemv.gemv_ws_kernel, target="sm_90", signature=_sig("e2m1"), num_warps=8, num_stages=1,
+                        constexprs=dict(N=7168, K=4096, NV=0, STAGES=4, PROGRAMS=132))
+    ptx = ck.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx
+    assert "bar.arrive" in ptx and "bar.sync" in ptx    # the consumers' releases, the loader's waits
+    assert tma_gemv.parse_config("ws:p2:s6") == (2, 6, True)
+
+
 def test_launchers_refuse_what_the_kernels_cannot_take():
     with pytest.raises(ValueError, match="one activation row"):
         mma.check(2, 7168, 4096, 8)
@@ -56,4 +65,4 @@ def test_launchers_refuse_what_the_kernels_cannot_take():
         tma_gemv.check(1, 7168, 3072, 4)
     with pytest.raises(ValueError, match="shared memory"):
         tma_gemv.check(1, 7168, 49152, 8)
-    assert tma_gemv.parse_config("p2:s3") == (2, 3)
+    assert tma_gemv.parse_config("p2:s3") == (2, 3, False)
