@@ -182,6 +182,53 @@ def experiment_baselines(torch, x, ws, dense):
     return xla, disp, np.asarray(jb.reference.matmul(x, ws[0], out_dtype=jnp.float32), np.float64)
 
 
+def experiment_table(torch, formats, shapes, variants, *, tol: float = 1e-5, again: bool = False) -> None:
+    """The kept one-row decode experiments' table (decode_mma_f16, decode_gemv_mma, decode_gemv_tma): per weight
+    format and (N, K), XLA's bf16 dot and dispatch, then each of `variants`, (label, refusal, launch): refusal(n, k)
+    returns why the variant cannot take the shape (or None); launch(x, w, out_dtype) computes x (1, K) @ w.T.
+    Every variant is checked against the jnp reference (relative error below `tol`) before it is timed; `again`
+    times dispatch once more after them (clock drift)."""
+    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
+    print("| format | N | K | kernel | us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fmt in formats:
+        for n, k in shapes:
+            ws, read, dense = experiment_weights(torch, fmt, n, k)
+            x = jax.random.normal(jax.random.key(7), (1, k), jnp.float32).astype(jnp.bfloat16)
+            xla, disp, ref = experiment_baselines(torch, x, ws, dense)
+            row = f"| {fmt} | {n} | {k} |"
+            print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
+            print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
+                  f"{xla / disp:.2f}x | 1.00x | |", flush=True)
+            for label, refusal, run in variants:
+                why = refusal(n, k)
+                if why is not None:
+                    print(f"{row} {label} | refused: {why} | | | | |")
+                    continue
+                out = np.asarray(jax.jit(lambda x, w, run=run: run(x, w, jnp.float32))(x, ws[0]), np.float64)
+                err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+                if not err < tol:
+                    print(f"{row} {label} | wrong | | | | {err:.1e} |")
+                    continue
+                us = kernel_us(jax.jit(lambda x, w, run=run: run(x, w, jnp.bfloat16)), [(x, w) for w in ws], torch)
+                print(f"{row} {label} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
+                      f"{err:.1e} |", flush=True)
+            if again:
+                again_us = kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch)
+                print(f"{row} dispatch again | {again_us:.2f} | | | | |", flush=True)
+
+
+def refusal_of(check) -> "callable":
+    """A variant's refusal for `experiment_table` from a launcher check that raises ValueError: (n, k) -> why."""
+    def refusal(n, k):
+        try:
+            check(n, k)
+        except ValueError as e:
+            return str(e)
+        return None
+    return refusal
+
+
 def _cublas_blockwise_us(torch, x, ws):
     """Kernel time (us per call) of torch's cuBLAS blockwise FP8 on the very bytes of our fp8_block operands,
     checked against the reference first (`benchmarks/_torch.torch_blockwise`, as `benchmarks.quick` times

@@ -42,7 +42,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
@@ -298,34 +297,10 @@ def main(argv=None) -> None:
         return
     from . import decode as bd
 
-    torch = bd._torch()
-    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
-    print("| format | N | K | kernel | us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for fmt in a.formats.split(","):
-        for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
-            ws, read, dense = bd.experiment_weights(torch, fmt, n, k)
-            x = jax.random.normal(jax.random.key(7), (1, k), jnp.float32).astype(jnp.bfloat16)
-            xla, disp, ref = bd.experiment_baselines(torch, x, ws, dense)
-            row = f"| {fmt} | {n} | {k} |"
-            print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
-            print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
-                  f"{xla / disp:.2f}x | 1.00x | |", flush=True)
-            for warps in warps_list:
-                try:
-                    check(1, n, k, warps)
-                except ValueError as e:
-                    print(f"{row} w{warps} | refused: {e} | | | | |")
-                    continue
-                out = np.asarray(jax.jit(lambda x, w: launch(x, w, warps, jnp.float32))(x, ws[0]), np.float64)
-                err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-                if not err < 1e-5:
-                    print(f"{row} w{warps} | wrong | | | | {err:.1e} |")
-                    continue
-                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, warps)), [(x, w) for w in ws], torch)
-                print(f"{row} w{warps} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
-                      f"{err:.1e} |", flush=True)
-            print(f"{row} dispatch again | {bd.kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch):.2f} | | | | |", flush=True)
+    variants = [(f"w{warps}", bd.refusal_of(lambda n, k, warps=warps: check(1, n, k, warps)),
+                 lambda x, w, dtype, warps=warps: launch(x, w, warps, dtype)) for warps in warps_list]
+    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
+                                                            for s in a.shapes.split(",")], variants, again=True)
 
 
 if __name__ == "__main__":

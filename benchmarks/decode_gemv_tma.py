@@ -41,7 +41,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) 
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
@@ -60,105 +59,6 @@ SMS = 132
 SMEM_LIMIT = 220 * 1024
 
 
-@gluon.jit
-def gemv_tma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
-                    N: gl.constexpr, K: gl.constexpr, W_KIND: gl.constexpr, STAGES: gl.constexpr,
-                    PROGRAMS: gl.constexpr):
-    """out (1, N) = a_ts * b_ts * x (1, K) bf16 @ decode(w (N, K / 2), s).T; w through the TMA descriptor
-    a TMA descriptor made in the kernel (box 8 x 256 bytes). Grid (PROGRAMS,), 8 warps; K a multiple of 2048."""
-    GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
-    GB: gl.constexpr = GROUP // 2                          # bytes per scale group
-    SPT: gl.constexpr = K // 2 // 1024                      # steps per tile
-    TILES: gl.constexpr = (N + 7) // 8
-    # a stage as (4 boxes x 8 rows, 256 bytes): a thread holds 2 rows x 16 bytes of one box
-    L2: gl.constexpr = gl.BlockedLayout([2, 16], [2, 16], [8, 1], [1, 0])
-    W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // 2], [K // 2, 1], [ROWS, 256], W_SL)
-    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    # the layouts the (box, row, byte) view and its group sums take (traced from a constant, folded away)
-    probe = gl.reshape(gl.zeros([4 * ROWS, 256], gl.float32, L2), [4, ROWS, 256])
-    L3: gl.constexpr = probe.type.layout
-    XL: gl.constexpr = gl.SliceLayout(1, L3)                # (box, byte): activations
-    SL: gl.constexpr = gl.sum(gl.reshape(probe, [4, ROWS, 256 // GB, GB]), axis=3).type.layout
-
-    pid = gl.program_id(0)
-    my_tiles = (TILES - pid + PROGRAMS - 1) // PROGRAMS
-    total = my_tiles * SPT
-
-    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * 4, ROWS, 256], W_SL)   # TMA's view: one box each
-    w_stages = w_bufs._reinterpret(gl.uint8, [STAGES, 4 * ROWS, 256], W_SL)        # the threads' view
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    # the ring's first STAGES steps go out before anything else
-    for i in gl.static_range(STAGES):
-        t = pid + (i // SPT) * PROGRAMS
-        kb = (i % SPT) * 1024
-        go = i < total
-        mbarrier.expect(ready.index(i), 4 * ROWS * 256, pred=go)
-        for j in gl.static_range(4):
-            tma.async_copy_global_to_shared(w_desc, [t * ROWS, kb + 256 * j], ready.index(i), w_bufs.index(4 * i + j),
-                                            pred=go)
-
-    # activations as fp32 (even codes, odd codes), K / 512 boxes of 256 bytes' codes each
-    xe_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
-    xo_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
-    xe_steps = xe_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
-    xo_steps = xo_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
-    XSL: gl.constexpr = gl.BlockedLayout([1, 8, 2], [1, 32, 1], [8, 1, 1], [2, 1, 0])
-    bi = gl.arange(0, K // 512, layout=gl.SliceLayout(1, gl.SliceLayout(2, XSL)))[:, None, None]
-    yi = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, XSL)))[None, :, None]
-    ni = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, XSL)))[None, None, :]
-    xv = gl.load(x_ptr + bi * 512 + yi * 2 + ni).to(gl.float32)
-    x_even, x_odd = gl.split(xv)
-    xe_smem.store(x_even)
-    xo_smem.store(x_odd)
-    gl.thread_barrier()
-
-    jj = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, SL)))[:, None, None]
-    rr = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))[None, :, None]
-    gg = gl.arange(0, 256 // GB, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL)))[None, None, :]
-    acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
-    # scales of step 0, then each step loads the next one's
-    rows0 = gl.minimum(pid * ROWS + rr, N - 1)
-    s_next = gl.load(s_ptr + rows0 * (K // GROUP) + (jj * 256 + gg * GB) // GB)
-    alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
-    for step in range(total):
-        s = step % STAGES
-        tile = pid + (step // SPT) * PROGRAMS
-        kb = (step % SPT) * 1024
-        raw_s = s_next
-        nstep = step + 1
-        ntile = pid + (nstep // SPT) * PROGRAMS
-        nrows = gl.minimum(ntile * ROWS + rr, N - 1)
-        # (past the last step: a valid address, never used)
-        s_next = gl.load(s_ptr + nrows * (K // GROUP) + ((nstep % SPT) * 1024 + jj * 256 + gg * GB) // GB)
-        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-        w = gl.reshape(w_stages.index(s).load(L2), [4, ROWS, 256])      # (box, row, byte) uint8
-        gl.thread_barrier()                                          # every thread has read stage s
-        fence_async_shared()
-        ahead = step + STAGES
-        go = ahead < total
-        at = pid + (ahead // SPT) * PROGRAMS
-        akb = (ahead % SPT) * 1024
-        mbarrier.expect(ready.index(s), 4 * ROWS * 256, pred=go)
-        for j in gl.static_range(4):
-            tma.async_copy_global_to_shared(w_desc, [at * ROWS, akb + 256 * j], ready.index(s),
-                                            w_bufs.index(4 * s + j), pred=go)
-        lo, hi = gl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w],
-                                           dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
-        xe = xe_steps.index(step % SPT).load(XL)                     # (4, 256)
-        xo = xo_steps.index(step % SPT).load(XL)
-        prod = lo * gl.expand_dims(xe, 1) + hi * gl.expand_dims(xo, 1)
-        part = gl.sum(gl.reshape(prod, [4, ROWS, 256 // GB, GB]), axis=3)
-        acc += part * (scales_to_f32(raw_s, W_KIND) * _FP4_F32_UNSCALE)
-        if step % SPT == SPT - 1:
-            total_r = gl.sum(gl.sum(acc, axis=2), axis=0)            # (8,)
-            on = tile * ROWS + gl.arange(0, ROWS, layout=total_r.type.layout)
-            gl.store(out_ptr + on, (total_r * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
-            acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
-
-
 # The warp-specialized variant (`gemv_ws_kernel`): a 1-warp TMA partition fills the ring; the 8 consumer warps
 # release each stage with bar.arrive on named barrier WS_BAR0 + s (the loader bar.syncs on it before refilling),
 # as block_fp8_gluon.py does, so that no CTA-wide bar.sync sits in the consumers' loop.
@@ -168,42 +68,68 @@ WS_THREADS = gl.constexpr(8 * 32 + 32)
 
 
 @gluon.jit
-def _ws_loader(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
-               N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
-               PROGRAMS: gl.constexpr):
-    """The TMA partition: every step of this program into stage step % STAGES, once the consumers released it."""
-    SPT: gl.constexpr = K // 2 // 1024
-    TILES: gl.constexpr = (N + 7) // 8
-    pid = gl.program_id(0)
-    total = ((TILES - pid + PROGRAMS - 1) // PROGRAMS) * SPT
-    for step in range(total):
-        s = step % STAGES
-        if step >= STAGES:
-            _named_barrier(WS_BAR0 + s, WS_THREADS, False, 1)
-        t = pid + (step // SPT) * PROGRAMS
-        kb = (step % SPT) * 1024
-        mbarrier.expect(ready.index(s), 4 * ROWS * 256)
-        for j in gl.static_range(4):
-            tma.async_copy_global_to_shared(w_desc, [t * ROWS, kb + 256 * j], ready.index(s), w_bufs.index(4 * s + j))
-    # every arrival on a named barrier is waited for before the program ends
-    for i in range(gl.maximum(total - STAGES, 0), total):
-        _named_barrier(WS_BAR0 + i % STAGES, WS_THREADS, False, 1)
+def _ring(w_ptr, N: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
+    """The weight's TMA descriptor (8 x 256-byte boxes), the ring (TMA's view: one box per buffer; the threads'
+    view: one (4 boxes x 8 rows, 256) stage per buffer) and its stages' mbarriers."""
+    W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // 2], [K // 2, 1], [ROWS, 256], W_SL)
+    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * 4, ROWS, 256], W_SL)
+    w_stages = w_bufs._reinterpret(gl.uint8, [STAGES, 4 * ROWS, 256], W_SL)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    return w_desc, w_bufs, w_stages, ready
 
 
 @gluon.jit
-def _ws_consumer(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
-                 N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
-                 PROGRAMS: gl.constexpr):
-    """The 8 consumer warps: each step's bytes from the stage, the stage released, then the GEMV's arithmetic.
-    NV: nvfp4 weights (else mxfp4)."""
-    GROUP: gl.constexpr = 32 - 16 * NV
-    GB: gl.constexpr = GROUP // 2
+def _fill(w_desc, w_bufs, ready, step, s, pred, N: gl.constexpr, K: gl.constexpr, PROGRAMS: gl.constexpr):
+    """Issues this program's step `step` (tile pid + (step // steps per tile) * PROGRAMS, 1024 bytes of each of
+    its rows) into stage s, where pred."""
     SPT: gl.constexpr = K // 2 // 1024
+    t = gl.program_id(0) + (step // SPT) * PROGRAMS
+    kb = (step % SPT) * 1024
+    mbarrier.expect(ready.index(s), 4 * ROWS * 256, pred=pred)
+    for j in gl.static_range(4):
+        tma.async_copy_global_to_shared(w_desc, [t * ROWS, kb + 256 * j], ready.index(s), w_bufs.index(4 * s + j),
+                                        pred=pred)
+
+
+@gluon.jit
+def _stage_x(x_ptr, K: gl.constexpr):
+    """The activations as fp32 in shared memory, even and odd codes apart, viewed per step: (K / 2048, 4 boxes,
+    256) each."""
+    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    xe_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    xo_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
+    XSL: gl.constexpr = gl.BlockedLayout([1, 8, 2], [1, 32, 1], [gl.num_warps(), 1, 1], [2, 1, 0])
+    bi = gl.arange(0, K // 512, layout=gl.SliceLayout(1, gl.SliceLayout(2, XSL)))[:, None, None]
+    yi = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, XSL)))[None, :, None]
+    ni = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, XSL)))[None, None, :]
+    x_even, x_odd = gl.split(gl.load(x_ptr + bi * 512 + yi * 2 + ni).to(gl.float32))
+    xe_smem.store(x_even)
+    xo_smem.store(x_odd)
+    gl.thread_barrier()
+    return (xe_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS),
+            xo_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS))
+
+
+@gluon.jit
+def _consume(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
+             N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr, PROGRAMS: gl.constexpr,
+             WS: gl.constexpr):
+    """Every step of this program: wait for its stage, read it, hand the stage back (WS: bar.arrive for the
+    loader partition; else the CTA syncs and refills it with the step STAGES ahead), then the GEMV's arithmetic;
+    each tile's 8 sums stored after its last step. NV: nvfp4 weights (else mxfp4). (Numbers only in the
+    signature: a warp-specialized partition's string arguments do not reach it.)"""
+    GROUP: gl.constexpr = 32 - 16 * NV
+    GB: gl.constexpr = GROUP // 2                           # bytes per scale group
+    SPT: gl.constexpr = K // 2 // 1024                      # steps per tile
     TILES: gl.constexpr = (N + 7) // 8
+    # a stage as (4 boxes x 8 rows, 256 bytes): a thread holds 2 rows x 16 bytes of one box; the layouts of its
+    # (box, row, byte) view and of the group sums, traced from a constant (folded away)
     L2: gl.constexpr = gl.BlockedLayout([2, 16], [2, 16], [8, 1], [1, 0])
     probe = gl.reshape(gl.zeros([4 * ROWS, 256], gl.float32, L2), [4, ROWS, 256])
-    L3: gl.constexpr = probe.type.layout
-    XL: gl.constexpr = gl.SliceLayout(1, L3)
+    XL: gl.constexpr = gl.SliceLayout(1, probe.type.layout)  # (box, byte): activations
     SL: gl.constexpr = gl.sum(gl.reshape(probe, [4, ROWS, 256 // GB, GB]), axis=3).type.layout
     pid = gl.program_id(0)
     total = ((TILES - pid + PROGRAMS - 1) // PROGRAMS) * SPT
@@ -211,8 +137,8 @@ def _ws_consumer(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, r
     rr = gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))[None, :, None]
     gg = gl.arange(0, 256 // GB, layout=gl.SliceLayout(0, gl.SliceLayout(1, SL)))[None, None, :]
     acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
-    rows0 = gl.minimum(pid * ROWS + rr, N - 1)
-    s_next = gl.load(s_ptr + rows0 * (K // GROUP) + (jj * 256 + gg * GB) // GB)
+    # scales of step 0, then each step loads the next one's (past the last step: a valid address, never used)
+    s_next = gl.load(s_ptr + gl.minimum(pid * ROWS + rr, N - 1) * (K // GROUP) + (jj * 256 + gg * GB) // GB)
     alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
     for step in range(total):
         s = step % STAGES
@@ -222,11 +148,16 @@ def _ws_consumer(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, r
         nrows = gl.minimum((pid + (nstep // SPT) * PROGRAMS) * ROWS + rr, N - 1)
         s_next = gl.load(s_ptr + nrows * (K // GROUP) + ((nstep % SPT) * 1024 + jj * 256 + gg * GB) // GB)
         mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-        w = gl.reshape(w_stages.index(s).load(L2), [4, ROWS, 256])
-        _named_barrier(WS_BAR0 + s, WS_THREADS, True, 8)            # stage s read: the loader may refill it
+        w = gl.reshape(w_stages.index(s).load(L2), [4, ROWS, 256])      # (box, row, byte) uint8
+        if WS:
+            _named_barrier(WS_BAR0 + s, WS_THREADS, True, 8)         # stage s read: the loader may refill it
+        else:
+            gl.thread_barrier()                                      # every thread has read stage s
+            fence_async_shared()
+            _fill(w_desc, w_bufs, ready, step + STAGES, s, step + STAGES < total, N, K, PROGRAMS)
         lo, hi = gl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [w],
                                            dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
-        xe = xe_steps.index(step % SPT).load(XL)
+        xe = xe_steps.index(step % SPT).load(XL)                     # (4, 256)
         xo = xo_steps.index(step % SPT).load(XL)
         prod = lo * gl.expand_dims(xe, 1) + hi * gl.expand_dims(xo, 1)
         part = gl.sum(gl.reshape(prod, [4, ROWS, 256 // GB, GB]), axis=3)
@@ -236,44 +167,62 @@ def _ws_consumer(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, r
             sv = scales_to_f32(raw_s, "e2m1")
         acc += part * (sv * _FP4_F32_UNSCALE)
         if step % SPT == SPT - 1:
-            total_r = gl.sum(gl.sum(acc, axis=2), axis=0)
+            total_r = gl.sum(gl.sum(acc, axis=2), axis=0)            # (8,)
             on = tile * ROWS + gl.arange(0, ROWS, layout=total_r.type.layout)
             gl.store(out_ptr + on, (total_r * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
             acc = gl.zeros([4, ROWS, 256 // GB], gl.float32, layout=SL)
 
 
 @gluon.jit
+def _ws_loader(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps,
+               N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr, PROGRAMS: gl.constexpr,
+               WS: gl.constexpr):
+    """The TMA partition: every step of this program into stage step % STAGES, once the consumers released it
+    (the consumers' signature; most arguments unused)."""
+    SPT: gl.constexpr = K // 2 // 1024
+    TILES: gl.constexpr = (N + 7) // 8
+    total = ((TILES - gl.program_id(0) + PROGRAMS - 1) // PROGRAMS) * SPT
+    for step in range(total):
+        s = step % STAGES
+        if step >= STAGES:
+            _named_barrier(WS_BAR0 + s, WS_THREADS, False, 1)
+        _fill(w_desc, w_bufs, ready, step, s, True, N, K, PROGRAMS)
+    # every arrival on a named barrier is waited for before the program ends
+    for i in range(gl.maximum(total - STAGES, 0), total):
+        _named_barrier(WS_BAR0 + i % STAGES, WS_THREADS, False, 1)
+
+
+@gluon.jit
+def gemv_tma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
+                    N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
+                    PROGRAMS: gl.constexpr):
+    """out (1, N) = a_ts * b_ts * x (1, K) bf16 @ decode(w (N, K / 2), s).T, w mxfp4 (NV 0) or nvfp4 (NV 1), read
+    through a TMA descriptor made in the kernel. Grid (PROGRAMS,), 8 warps; K a multiple of 2048."""
+    w_desc, w_bufs, w_stages, ready = _ring(w_ptr, N, K, STAGES)
+    SPT: gl.constexpr = K // 2 // 1024
+    TILES: gl.constexpr = (N + 7) // 8
+    total = ((TILES - gl.program_id(0) + PROGRAMS - 1) // PROGRAMS) * SPT
+    for i in gl.static_range(STAGES):  # the ring's first STAGES steps go out before anything else
+        _fill(w_desc, w_bufs, ready, i, i, i < total, N, K, PROGRAMS)
+    xe_steps, xo_steps = _stage_x(x_ptr, K)
+    _consume(w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K, NV,
+             STAGES, PROGRAMS, 0)
+
+
+@gluon.jit
 def gemv_ws_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
                    N: gl.constexpr, K: gl.constexpr, NV: gl.constexpr, STAGES: gl.constexpr,
                    PROGRAMS: gl.constexpr):
-    """`gemv_tma_kernel`'s product, warp-specialized (`_ws_loader`, `_ws_consumer`). Launched with 8 warps (the
-    consumers); the loader adds one. STAGES <= 8. NV: 1 for nvfp4 weights, 0 for mxfp4."""
-    W_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    w_desc = tma.make_tensor_descriptor(w_ptr, [N, K // 2], [K // 2, 1], [ROWS, 256], W_SL)
-    XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    w_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * 4, ROWS, 256], W_SL)
-    w_stages = w_bufs._reinterpret(gl.uint8, [STAGES, 4 * ROWS, 256], W_SL)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    xe_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
-    xo_smem = gl.allocate_shared_memory(gl.float32, [K // 512, 256], XS)
-    xe_steps = xe_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
-    xo_steps = xo_smem._reinterpret(gl.float32, [K // 2048, 4, 256], XS)
-    XSL: gl.constexpr = gl.BlockedLayout([1, 8, 2], [1, 32, 1], [8, 1, 1], [2, 1, 0])
-    bi = gl.arange(0, K // 512, layout=gl.SliceLayout(1, gl.SliceLayout(2, XSL)))[:, None, None]
-    yi = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, XSL)))[None, :, None]
-    ni = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, XSL)))[None, None, :]
-    x_even, x_odd = gl.split(gl.load(x_ptr + bi * 512 + yi * 2 + ni).to(gl.float32))
-    xe_smem.store(x_even)
-    xo_smem.store(x_odd)
-    gl.thread_barrier()
+    """`gemv_tma_kernel`'s product, warp-specialized (`_ws_loader`, `_consume`). Launched with 8 warps (the
+    consumers); the loader adds one. STAGES <= 8."""
+    w_desc, w_bufs, w_stages, ready = _ring(w_ptr, N, K, STAGES)
+    xe_steps, xo_steps = _stage_x(x_ptr, K)
     # (the argument tuples written out: a tuple bound to a name first turns its numbers into tensors)
     gl.warp_specialize([
-        (_ws_consumer, (w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K,
-                        NV, STAGES, PROGRAMS)),
+        (_consume, (w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K,
+                    NV, STAGES, PROGRAMS, 1)),
         (_ws_loader, (w_desc, s_ptr, a_ts_ptr, b_ts_ptr, out_ptr, w_bufs, w_stages, ready, xe_steps, xo_steps, N, K,
-                      NV, STAGES, PROGRAMS)),
+                      NV, STAGES, PROGRAMS, 1)),
     ], [1], [48])
 
 
@@ -303,8 +252,7 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages:
         # the warp-specialized kernel takes as many registers as one program per SM allows unless capped
         maxnreg=(65536 // (288 * programs_per_sm)) // 8 * 8 if ws and programs_per_sm > 1 else 0,
         compute_capability=90, name=f"gemv_{'ws' if ws else 'tma'}_{KINDS[w.fmt.name]}", N=n, K=k,
-        STAGES=stages, PROGRAMS=programs,
-        **({"NV": int(w.fmt.name == "nvfp4")} if ws else {"W_KIND": KINDS[w.fmt.name]}))
+        NV=int(w.fmt.name == "nvfp4"), STAGES=stages, PROGRAMS=programs)
     return out
 
 
@@ -325,8 +273,7 @@ def sass(configs, kinds, n: int = 7168, k: int = 4096) -> None:
         for p, st, ws in configs:
             sig = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
             ck = compile_kernel(gemv_ws_kernel if ws else gemv_tma_kernel, target="sm_90", signature=sig,
-                                constexprs=dict(N=n, K=k, STAGES=st, PROGRAMS=SMS * p,
-                                                **({"NV": int(kind == "nvfp4")} if ws else {"W_KIND": KINDS[kind]})),
+                                constexprs=dict(N=n, K=k, NV=int(kind == "nvfp4"), STAGES=st, PROGRAMS=SMS * p),
                                 num_warps=8, num_stages=1)
             text = disassemble(ck.asm["cubin"], "cuobjdump")
             n_inst = sum(1 for line in text.splitlines() if line.strip().startswith("/*") and ";" in line)
@@ -347,38 +294,13 @@ def main(argv=None) -> None:
         return
     from . import decode as bd
 
-    torch = bd._torch()
-    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
-    print("| format | N | K | kernel | us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for fmt in a.formats.split(","):
-        for n, k in (tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")):
-            ws, read, dense = bd.experiment_weights(torch, fmt, n, k)
-            x = jax.random.normal(jax.random.key(7), (1, k), jnp.float32).astype(jnp.bfloat16)
-            xla, disp, ref = bd.experiment_baselines(torch, x, ws, dense)
-            row = f"| {fmt} | {n} | {k} |"
-            print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
-            print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
-                  f"{xla / disp:.2f}x | 1.00x | |", flush=True)
-            for p, st, wsp in configs:
-                label = f"{'ws:' if wsp else ''}p{p}:s{st}"
-                try:
-                    check(1, n, k, st)
-                except ValueError as e:
-                    print(f"{row} {label} | refused: {e} | | | | |")
-                    continue
-                try:
-                    out = np.asarray(jax.jit(lambda x, w: launch(x, w, p, st, jnp.float32, wsp))(x, ws[0]), np.float64)
-                except Exception as e:  # noqa: BLE001 (an experiment: report and go on)
-                    print(f"{row} {label} | failed: {type(e).__name__}: {str(e)[-300:]!r} | | | | |")
-                    continue
-                err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-                if not err < 1e-5:
-                    print(f"{row} {label} | wrong | | | | {err:.1e} |")
-                    continue
-                us = bd.kernel_us(jax.jit(lambda x, w: launch(x, w, p, st, ws=wsp)), [(x, w) for w in ws], torch)
-                print(f"{row} {label} | {us:.2f} | {read / us:.0%} | {xla / us:.2f}x | {disp / us:.2f}x | "
-                      f"{err:.1e} |", flush=True)
+    def run(p, st, wsp):
+        return lambda x, w, dtype: launch(x, w, p, st, dtype, ws=wsp)
+
+    variants = [(f"{'ws:' if wsp else ''}p{p}:s{st}", bd.refusal_of(lambda n, k, st=st: check(1, n, k, st)),
+                 run(p, st, wsp)) for p, st, wsp in configs]
+    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
+                                                            for s in a.shapes.split(",")], variants)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def test_mma_gemv_is_a_batched_mma_sync_over_warps_splitting_k(w_kind):
 @pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
 def test_tma_gemv_streams_the_weight_through_a_tma_ring(w_kind):
     ck = compile_kernel(tma_gemv.gemv_tma_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8, num_stages=1,
-                        constexprs=dict(N=7168, K=4096, W_KIND=w_kind, STAGES=4, PROGRAMS=132))
+                        constexprs=dict(N=7168, K=4096, NV=int(w_kind == "nvfp4"), STAGES=4, PROGRAMS=132))
     ptx = ck.asm["ptx"]
     assert "cp.async.bulk.tensor.2d" in ptx                      # TMA boxes into the ring
     assert "mbarrier.try_wait" in ptx
@@ -49,20 +49,21 @@ def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
     ptx = ck.asm["ptx"]
     assert "cp.async.bulk.tensor.2d" in ptx
     assert "bar.arrive" in ptx and "bar.sync" in ptx    # the consumers' releases, the loader's waits
-    assert tma_gemv.parse_config("ws:p2:s6") == (2, 6, True)
 
 
-def test_launchers_refuse_what_the_kernels_cannot_take():
-    with pytest.raises(ValueError, match="one activation row"):
-        mma.check(2, 7168, 4096, 8)
-    with pytest.raises(ValueError, match="K / \\(128 num_warps\\) must be 1, 2 or 4"):
-        mma.check(1, 7168, 4096, 4)
-    with pytest.raises(ValueError, match="num_warps must be"):
-        mma.check(1, 7168, 4096, 3)
-    with pytest.raises(ValueError, match="one activation row"):
-        tma_gemv.check(2, 7168, 4096, 4)
-    with pytest.raises(ValueError, match="multiple of 2048"):
-        tma_gemv.check(1, 7168, 3072, 4)
-    with pytest.raises(ValueError, match="shared memory"):
-        tma_gemv.check(1, 7168, 49152, 8)
+@pytest.mark.parametrize("check, args, match", [
+    (mma.check, (2, 7168, 4096, 8), "one activation row"),
+    (mma.check, (1, 7168, 4096, 4), "K / \\(128 num_warps\\) must be 1, 2 or 4"),
+    (mma.check, (1, 7168, 4096, 3), "num_warps must be"),
+    (tma_gemv.check, (2, 7168, 4096, 4), "one activation row"),
+    (tma_gemv.check, (1, 7168, 3072, 4), "multiple of 2048"),
+    (tma_gemv.check, (1, 7168, 49152, 8), "shared memory"),
+])
+def test_launchers_refuse_what_the_kernels_cannot_take(check, args, match):
+    with pytest.raises(ValueError, match=match):
+        check(*args)
+
+
+def test_tma_config_names():
     assert tma_gemv.parse_config("p2:s3") == (2, 3, False)
+    assert tma_gemv.parse_config("ws:p2:s6") == (2, 6, True)
