@@ -168,8 +168,8 @@ def _weights_and_read(torch, fb: str, n: int, k: int):
 
 
 def experiment_weights(torch, fmt: str, n: int, k: int):
-    """For the kept decode experiments (decode_mma_sync, decode_mma_f16): the rotated (N, K) weights of format
-    `fmt`, a same-size read's time (us) and the rotated bf16 weights of XLA's baseline dot."""
+    """For the kept decode experiments (decode_mma_sync, decode_mma_f16, `experiment_table`): the rotated (N, K)
+    weights of format `fmt`, a same-size read's time (us) and the rotated bf16 weights of XLA's baseline dot."""
     ws, _, read = _weights_and_read(torch, fmt, n, k)
     return ws, read, [_weights("bf16", n, k, 2 + i)[0] for i in range(4)]
 
@@ -636,6 +636,29 @@ def stream(torch, shapes=((7168, 4096), (8192, 8192))):
         del ws, pairs
 
 
+def gemv_l2(torch, shapes=((7168, 4096), (7168, 2048), (8192, 8192)), formats=("mxfp4", "nvfp4", "mxfp8")):
+    """M = 1: the dispatched GEMV with 16 weights rotated (each read from HBM) and with one weight reused (after
+    the first call it sits in the 50 MB L2: the GEMV's arithmetic and L2 reads alone), beside a same-size read:
+    whether the GEMV's time is its HBM read, its arithmetic, or the two one after the other. Weights above 40 MB
+    are skipped (they would not stay in L2)."""
+    print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
+    print("| weights | N x K | MB | same-size read | GEMV, 16 weights rotated | GEMV, one weight (L2) | "
+          "rotated - L2 |")
+    print("|---|---|---|---|---|---|---|")
+    fn = jax.jit(lambda x, w: jb.matmul(x, w))
+    for fmt in formats:
+        for n, k in shapes:
+            ws, nb, read = _weights_and_read(torch, fmt, n, k)
+            if nb > 40e6:
+                continue
+            xa = _activation("bf16", 1, k)
+            rotated = kernel_us(fn, [(xa, w) for w in ws], torch)
+            resident = kernel_us(fn, [(xa, ws[0])], torch)
+            print(f"| {fmt} | {n} x {k} | {nb / 1e6:.1f} | {read:.2f} | {rotated:.2f} | {resident:.2f} | "
+                  f"{rotated - resident:.2f} |", flush=True)
+            del ws
+
+
 WGMMA_ROWS = (1, 2, 4, 8, 16)
 WGMMA_PAIRS = (("bf16", "mxfp4"), ("bf16", "nvfp4"))
 
@@ -914,6 +937,7 @@ def main(argv=None):
     ap.add_argument("--mma16", action="store_true", help="the MMA variants vs the tuned config at M = 8, 16")
     ap.add_argument("--gemv-shapes", action="store_true", help="M=1 GEMV per shape vs a same-size read")
     ap.add_argument("--stream", action="store_true", help="M=1 mxfp4: the GEMV vs streaming its bytes only")
+    ap.add_argument("--l2", action="store_true", help="M=1: the GEMV with its weight in L2 vs from HBM")
     ap.add_argument("--wgmma", action="store_true", help="decode_wgmma vs decode.py (and upcast above 16 "
                     "rows) per format pair, 1-16 rows unless --rows")
     ap.add_argument("--wgmma-knobs", action="store_true",
@@ -950,6 +974,8 @@ def main(argv=None):
         gemv_shapes(torch)
     elif args.stream:
         stream(torch)
+    elif args.l2:
+        gemv_l2(torch)
     elif args.gemv_decode:
         gemv_decode(torch)
     elif args.mma16:

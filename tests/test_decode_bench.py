@@ -102,3 +102,39 @@ def test_stream_kernel_reads_whole_16_byte_vectors_for_sm90(tile):
     ptx = compiled.asm["ptx"]
     assert re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async\.cg\.shared\.global(\.\w+)* \[[^]]+\], \[[^]]+\], (16|0x10)", ptx)
     assert "fma" not in ptx  # nothing but the loads, the xors and the row reductions
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
+def test_gemv_l2_runs_on_the_reference(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    monkeypatch.setattr(bench, "CALLS", 2)
+    bench.gemv_l2(None, shapes=[(64, 512)], formats=("mxfp4", "mxfp8"))
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| mx")]
+    assert [r.split("|")[1].strip() for r in rows] == ["mxfp4", "mxfp8"]
+    for r in rows:  # read, rotated, resident: three positive times
+        assert all(float(c) > 0 for c in r.split("|")[4:7]), r
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
+def test_experiment_table_checks_refuses_and_times(monkeypatch, capsys):
+    import jax.numpy as jnp
+
+    import jax_blockscale as jb
+
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    monkeypatch.setattr(bench, "CALLS", 2)
+
+    def too_wide(n, k):
+        if k > 256:
+            raise ValueError("K too wide")
+
+    variants = [("same as dispatch", bench.refusal_of(lambda n, k: None), lambda x, w, dt: jb.matmul(x, w, out_dtype=dt)),
+                ("refuses", bench.refusal_of(too_wide), lambda x, w, dt: jb.matmul(x, w, out_dtype=dt)),
+                ("wrong", bench.refusal_of(lambda n, k: None),
+                 lambda x, w, dt: 2 * jb.matmul(x, w, out_dtype=jnp.float32).astype(dt))]
+    bench.experiment_table(None, ["mxfp4"], [(64, 512)], variants, again=True)
+    rows = {r.split("|")[4].strip(): r for r in capsys.readouterr().out.splitlines() if r.startswith("| mxfp4")}
+    assert float(rows["same as dispatch"].split("|")[5]) > 0
+    assert "refused: K too wide" in rows["refuses"]
+    assert "| wrong |" in rows["wrong"]
+    assert "dispatch again" in rows
