@@ -7,7 +7,9 @@
 The question. `decode.gemv_kernel` at one row reads a 7168 x 4096 mxfp4 weight in 8.4 us on an H200, where a
 same-size read takes 5.0 and its own arithmetic (4.4 SASS instructions per weight element) would issue in ~3.9
 us over the GPU: close to the sum of the two rather than the larger. The hypothesis tested: its 896 programs (4
-per SM, 1.7 waves) each load their whole tile, then compute, so a wave's loads and arithmetic do not overlap. Session 38's persistent variant that
+per SM, 1.7 waves) each load their whole tile, then compute, so a wave's loads and arithmetic do not overlap.
+(Measured after this experiment, `python -m benchmarks.decode --l2`: with its weight resident in L2 the GEMV takes
+7.84 of those 8.35 us, so its arithmetic, not its reads, sets its time; the hypothesis was wrong.) Session 38's persistent variant that
 prefetched the next tile into registers doubled its registers and halved the programs, and lost (0.31-0.75x).
 
 This kernel (`gemv_tma_kernel`, Gluon, sm_90) keeps the bytes in flight out of the registers: persistent
@@ -29,7 +31,7 @@ in block_fp8_gluon.py. It ran the same, 0.45-0.54x (15.52 us at best). So the co
 the bound: the loop has 430 SASS instructions per step and thread (369 warp-specialized; 64 codes: 6.7 and 5.8
 per code, where the GEMV's has 4.4), the decode, the products and their group sums plus the activation loads
 from shared memory, the scale prefetch's address arithmetic and the per-step control, issued by 8 warps per
-program. Whether the GEMV's own waves overlap their loads and arithmetic was not measured directly.
+program.
 """
 
 from __future__ import annotations
