@@ -25,11 +25,11 @@ This kernel (`gemv_mma_kernel`, Gluon, sm_90) keeps session 28's arithmetic and 
 
 Result (H200, 2026-12-02, session 39, `benchmarks/results/decode_gemv_experiments_h200_2026-12-02_session39.md`):
 not adopted. Correct (relative error 6.4e-8 mxfp4, 1.3e-7 nvfp4) and 0.59-0.70x the GEMV: 7168 x 4096 mxfp4
-14.09 us (8 warps) against 8.43, 7168 x 2048 7.18-7.80 against 5.03-5.07. The compiled kernel has 4.3-4.6 SASS
-instructions per weight element, no fewer than the GEMV's 4.4: the decode and the MMA take ~1.6, but building
-the B operand (the zero columns selected per register, which the compiler splits and repacks per fp16 half)
-and staging the activations take the rest; the first version, with the zero columns stored in shared memory
-(16 bytes per code), had as many. So neither the tensor cores (session 28) nor the GEMV's structure with them
+14.09 us (8 warps) against 8.43, 7168 x 2048 7.18-7.80 against 5.03-5.07. The compiled kernel has 4.4-4.6 SASS
+instructions per weight element at 8 warps (5.1-5.3 at 16), no fewer than the GEMV's 4.4: the decode and the
+MMA take ~1.6, but building the B operand (the zero columns selected per register, which the compiler splits
+and repacks per fp16 half) and staging the activations take the rest; the first version, with the zero columns
+stored in shared memory (16 bytes per code), had 4.3. So neither the tensor cores (session 28) nor the GEMV's structure with them
 (this) beat the CUDA-core GEMV at one row on Hopper.
 """
 
