@@ -168,7 +168,7 @@ def _weights_and_read(torch, fb: str, n: int, k: int):
 
 
 def experiment_weights(torch, fmt: str, n: int, k: int):
-    """For the kept decode experiments (decode_mma_sync, decode_mma_f16, `experiment_table`): the rotated (N, K)
+    """For the kept decode experiments (decode_mma_sync, decode_mma_f16, `experiment_table`'s): the rotated (N, K)
     weights of format `fmt`, a same-size read's time (us) and the rotated bf16 weights of XLA's baseline dot."""
     ws, _, read = _weights_and_read(torch, fmt, n, k)
     return ws, read, [_weights("bf16", n, k, 2 + i)[0] for i in range(4)]
@@ -183,9 +183,9 @@ def experiment_baselines(torch, x, ws, dense):
 
 
 def experiment_table(torch, formats, shapes, variants, *, tol: float = 1e-5, again: bool = False) -> None:
-    """The kept one-row decode experiments' table (decode_mma_f16, decode_gemv_mma, decode_gemv_tma): per weight
-    format and (N, K), XLA's bf16 dot and dispatch, then each of `variants`, (label, refusal, launch): refusal(n, k)
-    returns why the variant cannot take the shape (or None); launch(x, w, out_dtype) computes x (1, K) @ w.T.
+    """The one-row decode experiments' table (decode_gemv_mma, decode_gemv_tma): per weight format and (N, K), XLA's
+    bf16 dot and dispatch, then each of `variants`, (label, check, launch): check(n, k) raises ValueError where the
+    variant cannot take the shape (printed as its refusal); launch(x, w, out_dtype) computes x (1, K) @ w.T.
     Every variant is checked against the jnp reference (relative error below `tol`) before it is timed; `again`
     times dispatch once more after them (clock drift)."""
     print(f"device {jax.devices()[0].device_kind}; us per matmul ({'CUPTI' if torch else 'WALL'})")
@@ -200,10 +200,11 @@ def experiment_table(torch, formats, shapes, variants, *, tol: float = 1e-5, aga
             print(f"{row} XLA bf16 | {xla:.2f} | | 1.00x | | |")
             print(f"{row} dispatch: {jb.explain(x, ws[0], rows=1).kernel} | {disp:.2f} | {read / disp:.0%} | "
                   f"{xla / disp:.2f}x | 1.00x | |", flush=True)
-            for label, refusal, run in variants:
-                why = refusal(n, k)
-                if why is not None:
-                    print(f"{row} {label} | refused: {why} | | | | |")
+            for label, check, run in variants:
+                try:
+                    check(n, k)
+                except ValueError as e:
+                    print(f"{row} {label} | refused: {e} | | | | |")
                     continue
                 out = np.asarray(jax.jit(lambda x, w, run=run: run(x, w, jnp.float32))(x, ws[0]), np.float64)
                 err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
@@ -216,17 +217,6 @@ def experiment_table(torch, formats, shapes, variants, *, tol: float = 1e-5, aga
             if again:
                 again_us = kernel_us(jax.jit(lambda x, w: jb.matmul(x, w)), [(x, w) for w in ws], torch)
                 print(f"{row} dispatch again | {again_us:.2f} | | | | |", flush=True)
-
-
-def refusal_of(check) -> "callable":
-    """A variant's refusal for `experiment_table` from a launcher check that raises ValueError: (n, k) -> why."""
-    def refusal(n, k):
-        try:
-            check(n, k)
-        except ValueError as e:
-            return str(e)
-        return None
-    return refusal
 
 
 def _cublas_blockwise_us(torch, x, ws):
@@ -648,9 +638,9 @@ def gemv_l2(torch, shapes=((7168, 4096), (7168, 2048), (8192, 8192)), formats=("
     fn = jax.jit(lambda x, w: jb.matmul(x, w))
     for fmt in formats:
         for n, k in shapes:
-            ws, nb, read = _weights_and_read(torch, fmt, n, k)
-            if nb > 40e6:
+            if n * k * (0.5 if fmt in ("mxfp4", "nvfp4") else 1) > 40e6:  # the codes alone: before building them
                 continue
+            ws, nb, read = _weights_and_read(torch, fmt, n, k)
             xa = _activation("bf16", 1, k)
             rotated = kernel_us(fn, [(xa, w) for w in ws], torch)
             resident = kernel_us(fn, [(xa, ws[0])], torch)

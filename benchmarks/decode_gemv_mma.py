@@ -297,7 +297,7 @@ def main(argv=None) -> None:
         return
     from . import decode as bd
 
-    variants = [(f"w{warps}", bd.refusal_of(lambda n, k, warps=warps: check(1, n, k, warps)),
+    variants = [(f"w{warps}", lambda n, k, warps=warps: check(1, n, k, warps),
                  lambda x, w, dtype, warps=warps: launch(x, w, warps, dtype)) for warps in warps_list]
     bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
                                                             for s in a.shapes.split(",")], variants, again=True)

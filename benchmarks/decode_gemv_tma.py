@@ -51,10 +51,9 @@ import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import launch as scratch  # noqa: E402
 from jax_blockscale._triton.block_fp8_gluon import _named_barrier  # noqa: E402
 from jax_blockscale._triton.decode import _FP4_F32_PTX, _FP4_F32_UNSCALE, tensor_scale_operands  # noqa: E402
-from jax_blockscale._triton.problem import NVFP4  # noqa: E402
 from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
 
-KINDS = {"mxfp4": "e2m1", "nvfp4": NVFP4}
+FORMATS = ("mxfp4", "nvfp4")
 ROWS = gl.constexpr(8)  # weight rows per tile
 STEP_BYTES = 1024   # bytes of each row per step: 4 TMA boxes of 256 (a box's largest dimension)
 SMS = 132
@@ -228,7 +227,7 @@ def gemv_ws_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
     ], [1], [48])
 
 
-def check(rows: int, n: int, k: int, stages: int) -> None:
+def check(rows: int, n: int, k: int, stages: int, ws: bool = False) -> None:
     if rows != 1:
         raise ValueError(f"the TMA GEMV takes one activation row, got {rows}")
     if k % 2048:
@@ -236,15 +235,18 @@ def check(rows: int, n: int, k: int, stages: int) -> None:
     smem = stages * ROWS * STEP_BYTES + 4 * k + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"{stages} stages and K={k} need {smem} bytes of shared memory (> {SMEM_LIMIT})")
+    if ws and not 1 <= stages <= WS_MAX_STAGES:
+        raise ValueError(f"the warp-specialized kernel releases each stage by its own named barrier "
+                         f"({WS_BAR0.value}-15): 1 to {WS_MAX_STAGES} stages, got {stages}")
 
 
 def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages: int,
            out_dtype=jnp.bfloat16, ws: bool = False) -> jax.Array:
     """x (1, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (1, N)."""
-    if w.fmt.name not in KINDS:
-        raise ValueError(f"formats {tuple(KINDS)}, got {w.fmt.name!r}")
+    if w.fmt.name not in FORMATS:
+        raise ValueError(f"formats {FORMATS}, got {w.fmt.name!r}")
     (rows, _), (n, k) = x.shape, w.shape
-    check(rows, n, k, stages)
+    check(rows, n, k, stages, ws)
     a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)
     tiles = -(-n // ROWS)
     programs = min(tiles, SMS * programs_per_sm)
@@ -252,8 +254,8 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", programs_per_sm: int, stages:
         gemv_ws_kernel if ws else gemv_tma_kernel, w.values, w.scales, x, a_ts, b_ts,
         out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(programs,), num_warps=8, num_stages=1,
         # the warp-specialized kernel takes as many registers as one program per SM allows unless capped
-        maxnreg=(65536 // (288 * programs_per_sm)) // 8 * 8 if ws and programs_per_sm > 1 else 0,
-        compute_capability=90, name=f"gemv_{'ws' if ws else 'tma'}_{KINDS[w.fmt.name]}", N=n, K=k,
+        maxnreg=(65536 // (WS_THREADS.value * programs_per_sm)) // 8 * 8 if ws and programs_per_sm > 1 else 0,
+        compute_capability=90, name=f"gemv_{'ws' if ws else 'tma'}_{w.fmt.name}", N=n, K=k,
         NV=int(w.fmt.name == "nvfp4"), STAGES=stages, PROGRAMS=programs)
     return out
 
@@ -299,7 +301,7 @@ def main(argv=None) -> None:
     def run(p, st, wsp):
         return lambda x, w, dtype: launch(x, w, p, st, dtype, ws=wsp)
 
-    variants = [(f"{'ws:' if wsp else ''}p{p}:s{st}", bd.refusal_of(lambda n, k, st=st: check(1, n, k, st)),
+    variants = [(f"{'ws:' if wsp else ''}p{p}:s{st}", lambda n, k, st=st, wsp=wsp: check(1, n, k, st, wsp),
                  run(p, st, wsp)) for p, st, wsp in configs]
     bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
                                                             for s in a.shapes.split(",")], variants)

@@ -58,6 +58,7 @@ def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
     (tma_gemv.check, (2, 7168, 4096, 4), "one activation row"),
     (tma_gemv.check, (1, 7168, 3072, 4), "multiple of 2048"),
     (tma_gemv.check, (1, 7168, 49152, 8), "shared memory"),
+    (tma_gemv.check, (1, 7168, 4096, 9, True), "1 to 8 stages, got 9"),
 ])
 def test_launchers_refuse_what_the_kernels_cannot_take(check, args, match):
     with pytest.raises(ValueError, match=match):
