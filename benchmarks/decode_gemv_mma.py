@@ -31,12 +31,21 @@ MMA take ~1.6, but building the B operand (the zero columns selected per registe
 and repacks per fp16 half) and staging the activations take the rest; the first version, with the zero columns
 stored in shared memory (16 bytes per code), had 4.3. So neither the tensor cores (session 28) nor the GEMV's structure with them
 (this) beat the CUDA-core GEMV at one row on Hopper.
+
+Session 40 (config `wW[tT][m]`): TILES m16 tiles per program share each B operand, and MASK builds B's zero columns by
+one AND per 32-bit register (`_AND_PTX`) instead of a select per fp16. SASS per weight element (sm_90, mxfp4 7168 x
+4096): w8 4.62, w8m 3.88, w8t2m 3.06, w16t2m 3.47, w8t4m 2.67 (255 registers). Time on an H200 (2026-12-02, same
+run, dispatch 8.41 us): w8 14.06, w8m 12.82, w8t2m 12.62, w16t2m 12.68, w16t4m 11.27, w8t4m 11.25 us (0.60-0.75x);
+7168 x 2048 best 5.81 (w16t2m) against 5.02. Fewer instructions, still slower: the registers the tiles take leave
+one program per SM, and each program loads everything, then computes
+(`benchmarks/results/decode_gemv_experiments_h200_2026-12-02_session40.md`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) shares the GPU
 
@@ -62,25 +71,27 @@ SMEM_LIMIT = 200 * 1024
 
 
 @gluon.constexpr_function
-def _bytes3(num_warps, chunk_bytes):
-    """(warps, 16 rows, chunk_bytes) layout of each warp's weight bytes: thread 4g + t of warp w holds rows g
-    and g + 8 and, of each 64-byte piece of its K slice, the t-th 16 bytes (`decode_wgmma._weight_layout`,
-    the warps along K instead of rows)."""
-    regs = ([[0, 0, b] for b in _pow2(16)] + [[0, 0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[0, 8, 0]])
+def _bytes3(num_warps, chunk_bytes, tiles=1):
+    """(warps, 16 tiles rows, chunk_bytes) layout of each warp's weight bytes: thread 4g + t of warp w holds rows
+    16 i + g and 16 i + g + 8 of every m16 tile i and, of each 64-byte piece of its K slice, the t-th 16 bytes
+    (`decode_wgmma._weight_layout`, the warps along K instead of rows)."""
+    regs = ([[0, 0, b] for b in _pow2(16)] + [[0, 0, 64 * h] for h in _pow2(chunk_bytes // 64)] + [[0, 8, 0]]
+            + [[0, 16 * i, 0] for i in _pow2(tiles)])
     lanes = [[0, 0, 16], [0, 0, 32], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
     warps = [[w, 0, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [num_warps, 16, chunk_bytes])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [num_warps, 16 * tiles, chunk_bytes])
 
 
 @gluon.constexpr_function
-def _groups4(num_warps, group_bytes):
-    """`_bytes3` of one 64-byte chunk as (warps, 16 rows, groups, bytes per group): the decode's operand."""
+def _groups4(num_warps, group_bytes, tiles=1):
+    """`_bytes3` of one 64-byte chunk as (warps, 16 tiles rows, groups, bytes per group): the decode's operand."""
     def at(byte):
         return [0, 0, byte // group_bytes, byte % group_bytes]
-    regs = [at(b) for b in _pow2(16)] + [[0, 8, 0, 0]]
+    regs = [at(b) for b in _pow2(16)] + [[0, 8, 0, 0]] + [[0, 16 * i, 0, 0] for i in _pow2(tiles)]
     lanes = [at(16), at(32), [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]]
     warps = [[w, 0, 0, 0] for w in _pow2(num_warps)]
-    return gl.DistributedLinearLayout(regs, lanes, warps, [], [num_warps, 16, 64 // group_bytes, group_bytes])
+    return gl.DistributedLinearLayout(regs, lanes, warps, [],
+                                      [num_warps, 16 * tiles, 64 // group_bytes, group_bytes])
 
 
 @gluon.jit
@@ -119,11 +130,17 @@ def _stage(x_ptr, x_smem, f_smem, NCW: gl.constexpr, KW: gl.constexpr, W: gl.con
         f_smem.slice(c * W, W).store(d8)
 
 
+# B's zero columns by a 32-bit AND of each register (two fp16) with a mask of the same shape, instead of a select
+# per fp16 (which the compiler splits and repacks per half: ~2 instructions per value, session 39).
+_AND_PTX = gl.constexpr("and.b32 $0, $1, $2;")
+
+
 @gluon.jit
-def _operand_b(x_smem, i, W: gl.constexpr, W_KIND: gl.constexpr, B_OP: gl.constexpr):
+def _operand_b(x_smem, i, W: gl.constexpr, W_KIND: gl.constexpr, B_OP: gl.constexpr, MASK: gl.constexpr):
     """The B operand (W, 64, 8) of dot i (x_smem rows i W ...): slot s's value in its group column, zeros
     elsewhere (`_slots` with 16 values per vector: slot s holds value 16 t + 4 (s // 16) + ... of quarter
-    t = (s % 8) // 2; nvfp4's second 16-code group of a quarter from s = 32 on)."""
+    t = (s % 8) // 2; nvfp4's second 16-code group of a quarter from s = 32 on). MASK: the zeros by an AND per
+    register (`_AND_PTX`), else by a select per value."""
     XL: gl.constexpr = gl.SliceLayout(2, B_OP)
     xv = x_smem.slice(i * W, W).load(XL)                               # (W, 64)
     s = gl.arange(0, CHUNK // 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, B_OP)))[None, :, None]
@@ -132,24 +149,28 @@ def _operand_b(x_smem, i, W: gl.constexpr, W_KIND: gl.constexpr, B_OP: gl.conste
     if W_KIND == "nvfp4":
         col = col + 4 * (s // 32)
     xb = gl.broadcast(gl.expand_dims(xv, 2), n)[0]
+    if MASK:
+        keep = gl.broadcast(gl.where(col == n, -1, 0).to(gl.int16), xb)[0]
+        return gl.inline_asm_elementwise(_AND_PTX, "=r,r,r", [xb, keep], dtype=gl.float16, is_pure=True, pack=2)
     return gl.where(col == n, xb, gl.zeros_like(xb))
 
 
 @gluon.jit
 def _chunk_dot(acc, zero, packed, raw_s, x_smem, f_smem, c, W: gl.constexpr, GROUP: gl.constexpr,
-               W_KIND: gl.constexpr, MMA: gl.constexpr):
-    """acc + chunk c's scaled group dot products (W, 16, 8) of every warp: decode, two batched mma.sync dots
-    (the low and the high nibbles), the scales."""
+               W_KIND: gl.constexpr, MMA: gl.constexpr, TILES: gl.constexpr, MASK: gl.constexpr):
+    """acc + chunk c's scaled group dot products (W, 16 TILES, 8) of every warp: decode, two batched mma.sync
+    dots (the low and the high nibbles; one B operand for the TILES m16 tiles), the scales."""
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    G4: gl.constexpr = _groups4(W, GROUP // 2)
-    v = gl.convert_layout(gl.reshape(packed, [W, 16, CHUNK // GROUP, GROUP // 2]), G4)
+    R: gl.constexpr = 16 * TILES
+    G4: gl.constexpr = _groups4(W, GROUP // 2, TILES)
+    v = gl.convert_layout(gl.reshape(packed, [W, R, CHUNK // GROUP, GROUP // 2]), G4)
     lo, hi = gl.inline_asm_elementwise(_FP4_F16_PTX, "=r,=r,=r,=r,r", [v], dtype=(gl.float16, gl.float16),
                                        is_pure=True, pack=4)
-    a_lo = gl.reshape(_slots(gl.reshape(lo, [W * 16, CHUNK // 2]), W * 16, CHUNK // 2, 16), [W, 16, CHUNK // 2])
-    a_hi = gl.reshape(_slots(gl.reshape(hi, [W * 16, CHUNK // 2]), W * 16, CHUNK // 2, 16), [W, 16, CHUNK // 2])
-    cc = mma_v2(gl.convert_layout(a_lo, A_OP), _operand_b(x_smem, 2 * c, W, W_KIND, B_OP), zero)
-    cc = mma_v2(gl.convert_layout(a_hi, A_OP), _operand_b(x_smem, 2 * c + 1, W, W_KIND, B_OP), cc)
+    a_lo = gl.reshape(_slots(gl.reshape(lo, [W * R, CHUNK // 2]), W * R, CHUNK // 2, 16), [W, R, CHUNK // 2])
+    a_hi = gl.reshape(_slots(gl.reshape(hi, [W * R, CHUNK // 2]), W * R, CHUNK // 2, 16), [W, R, CHUNK // 2])
+    cc = mma_v2(gl.convert_layout(a_lo, A_OP), _operand_b(x_smem, 2 * c, W, W_KIND, B_OP, MASK), zero)
+    cc = mma_v2(gl.convert_layout(a_hi, A_OP), _operand_b(x_smem, 2 * c + 1, W, W_KIND, B_OP, MASK), cc)
     f = f_smem.slice(c * W, W).load(gl.SliceLayout(1, MMA))           # (W, 8)
     return acc + cc * (scales_to_f32(raw_s, W_KIND) * f[:, None, :])
 
@@ -157,7 +178,7 @@ def _chunk_dot(acc, zero, packed, raw_s, x_smem, f_smem, c, W: gl.constexpr, GRO
 @gluon.jit
 def _scales(s_ptr, rows, c, KW: gl.constexpr, K: gl.constexpr, GROUP: gl.constexpr, W: gl.constexpr,
             W_KIND: gl.constexpr, MMA: gl.constexpr):
-    """Raw scales (W, 16, 8) of chunk c of every warp's slice, column j's group at [..., j]."""
+    """Raw scales (W, R, 8) of chunk c of every warp's slice for rows (1, R, 1), column j's group at [..., j]."""
     w = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, MMA)))[:, None, None]
     j = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
     if W_KIND == "nvfp4":
@@ -169,28 +190,31 @@ def _scales(s_ptr, rows, c, KW: gl.constexpr, K: gl.constexpr, GROUP: gl.constex
 
 @gluon.jit
 def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
-                    N: gl.constexpr, K: gl.constexpr, W_KIND: gl.constexpr, WIDE: gl.constexpr):
+                    N: gl.constexpr, K: gl.constexpr, W_KIND: gl.constexpr, WIDE: gl.constexpr,
+                    TILES: gl.constexpr = 1, MASK: gl.constexpr = False):
     """out (1, N) = a_ts * b_ts * x (1, K) bf16 @ decode(w (N, K / 2), s).T, fp4 weights (mxfp4 / nvfp4).
-    Grid (cdiv(N, 16),); num_warps W splits K (K a multiple of 128 W, K / (128 W) in {1, 2, 4})."""
+    Grid (cdiv(N, 16 TILES),): TILES m16 tiles per program, sharing each B operand; num_warps W splits K (K a
+    multiple of 128 W, K / (128 W) in {1, 2, 4}). MASK: `_operand_b`'s AND."""
     W: gl.constexpr = gl.num_warps()
     KW: gl.constexpr = K // W                    # codes per warp
     NCW: gl.constexpr = KW // CHUNK              # chunks per warp
     GROUP: gl.constexpr = 16 if W_KIND == "nvfp4" else 32
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1, 1], instr_shape=[1, 16, 8])
-    PB: gl.constexpr = _bytes3(W, KW // 2)
+    R: gl.constexpr = 16 * TILES
+    PB: gl.constexpr = _bytes3(W, KW // 2, TILES)
     XS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     FS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
 
     pid = gl.program_id(0)
     # every load of the program goes out first: the weight bytes, then the scales
     wp = gl.arange(0, W, layout=gl.SliceLayout(1, gl.SliceLayout(2, PB)))[:, None, None]
-    rp = pid * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, PB)))[None, :, None]
+    rp = pid * R + gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, PB)))[None, :, None]
     rp = gl.minimum(rp, N - 1)   # rows past N read row N - 1: never stored
     if WIDE:
         rp = rp.to(gl.int64)
     bp = gl.arange(0, KW // 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, PB)))[None, None, :]
-    packed = gl.load(w_ptr + rp * (K // 2) + wp * (KW // 2) + bp)       # (W, 16, KW / 2)
-    rows = pid * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))[None, :, None]
+    packed = gl.load(w_ptr + rp * (K // 2) + wp * (KW // 2) + bp)       # (W, R, KW / 2)
+    rows = pid * R + gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))[None, :, None]
     rows = gl.minimum(rows, N - 1)
     if WIDE:
         rows = rows.to(gl.int64)
@@ -209,24 +233,24 @@ def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
     _stage(x_ptr, x_smem, f_smem, NCW, KW, W, W_KIND, W)
     gl.thread_barrier()
 
-    zero = gl.zeros([W, 16, 8], gl.float32, layout=MMA)
+    zero = gl.zeros([W, R, 8], gl.float32, layout=MMA)
     if NCW == 1:
-        acc = _chunk_dot(zero, zero, packed, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
+        acc = _chunk_dot(zero, zero, packed, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA, TILES, MASK)
     elif NCW == 2:
-        p0, p1 = gl.split(gl.permute(gl.reshape(packed, [W, 16, 2, CHUNK // 2]), [0, 1, 3, 2]))
-        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
-        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA)
+        p0, p1 = gl.split(gl.permute(gl.reshape(packed, [W, R, 2, CHUNK // 2]), [0, 1, 3, 2]))
+        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA, TILES, MASK)
+        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA, TILES, MASK)
     else:
-        even, odd = gl.split(gl.permute(gl.reshape(packed, [W, 16, 2, 2, CHUNK // 2]), [0, 1, 4, 2, 3]))
+        even, odd = gl.split(gl.permute(gl.reshape(packed, [W, R, 2, 2, CHUNK // 2]), [0, 1, 4, 2, 3]))
         p0, p2 = gl.split(even)
         p1, p3 = gl.split(odd)
-        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA)
-        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA)
-        acc = _chunk_dot(acc, zero, p2, s2, x_smem, f_smem, 2, W, GROUP, W_KIND, MMA)
-        acc = _chunk_dot(acc, zero, p3, s3, x_smem, f_smem, 3, W, GROUP, W_KIND, MMA)
-    total = gl.sum(gl.sum(acc, axis=2), axis=0)                         # (16,): over columns, then warps
+        acc = _chunk_dot(zero, zero, p0, s0, x_smem, f_smem, 0, W, GROUP, W_KIND, MMA, TILES, MASK)
+        acc = _chunk_dot(acc, zero, p1, s1, x_smem, f_smem, 1, W, GROUP, W_KIND, MMA, TILES, MASK)
+        acc = _chunk_dot(acc, zero, p2, s2, x_smem, f_smem, 2, W, GROUP, W_KIND, MMA, TILES, MASK)
+        acc = _chunk_dot(acc, zero, p3, s3, x_smem, f_smem, 3, W, GROUP, W_KIND, MMA, TILES, MASK)
+    total = gl.sum(gl.sum(acc, axis=2), axis=0)                         # (R,): over columns, then warps
     alpha = gl.load(a_ts_ptr) * gl.load(b_ts_ptr)
-    on = pid * 16 + gl.arange(0, 16, layout=total.type.layout)
+    on = pid * R + gl.arange(0, R, layout=total.type.layout)
     gl.store(out_ptr + on, (total * alpha).to(out_ptr.dtype.element_ty), mask=on < N)
 
 
@@ -234,34 +258,50 @@ def gemv_mma_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
 # Launcher and harness.
 
 
-def check(rows: int, n: int, k: int, warps: int) -> None:
+def parse_config(spec: str) -> tuple[int, int, bool]:
+    """'w8' -> (8 warps, 1 m16 tile per program, select); 'w8t2m' -> (8, 2, the AND mask): `gemv_mma_kernel`'s
+    num_warps, TILES, MASK."""
+    m = re.fullmatch(r"w(\d+)(?:t(\d+))?(m?)", spec)
+    if m is None:
+        raise ValueError(f"config {spec!r}: expected wW[tT][m], e.g. w8, w8t2m")
+    return int(m.group(1)), int(m.group(2) or 1), m.group(3) == "m"
+
+
+def describe(warps: int, tiles: int, mask: bool) -> str:
+    return f"w{warps}" + (f"t{tiles}" if tiles > 1 else "") + ("m" if mask else "")
+
+
+def check(rows: int, n: int, k: int, warps: int, tiles: int = 1) -> None:
     """Refuses what the kernel cannot take, before anything compiles."""
     if rows != 1:
         raise ValueError(f"the mma.sync GEMV takes one activation row, got {rows}")
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {warps}")
+    if tiles not in (1, 2, 4):
+        raise ValueError(f"tiles (m16 tiles per program) must be 1, 2 or 4, got {tiles}")
     if k % (CODES * warps) or k // (CODES * warps) not in (1, 2, 4):
         raise ValueError(f"K / (128 num_warps) must be 1, 2 or 4, got K={k}, num_warps={warps}")
     if 2 * k + 32 * k // CODES > SMEM_LIMIT:
         raise ValueError(f"K={k}: the staged activations ({2 * k} bytes) exceed {SMEM_LIMIT}")
 
 
-def launch(x: jax.Array, w: "jb.BlockScaledArray", warps: int, out_dtype=jnp.bfloat16) -> jax.Array:
+def launch(x: jax.Array, w: "jb.BlockScaledArray", warps: int, out_dtype=jnp.bfloat16, tiles: int = 1,
+           mask: bool = False) -> jax.Array:
     """x (1, K) bf16 @ w (N, K) mxfp4 / nvfp4 (quantize_operand(..., side="b")).T -> (1, N)."""
     if w.fmt.name not in KINDS:
         raise ValueError(f"formats {tuple(KINDS)}, got {w.fmt.name!r}")
     (rows, _), (n, k) = x.shape, w.shape
-    check(rows, n, k, warps)
+    check(rows, n, k, warps, tiles)
     a_ts, b_ts = tensor_scale_operands(jnp.ones((1,), jnp.float32), 1.0, w.tensor_scale)
     (out,) = scratch.scratch_call(
         gemv_mma_kernel, w.values, w.scales, x, a_ts, b_ts,
-        out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(-(-n // 16),), num_warps=warps,
+        out_shape=[jax.ShapeDtypeStruct((1, n), out_dtype)], grid=(-(-n // (16 * tiles)),), num_warps=warps,
         num_stages=1, compute_capability=90, name=f"gemv_mma_{KINDS[w.fmt.name]}", N=n, K=k,
-        W_KIND=KINDS[w.fmt.name], WIDE=n * (k // 2) >= 2**31)
+        W_KIND=KINDS[w.fmt.name], WIDE=n * (k // 2) >= 2**31, TILES=tiles, MASK=mask)
     return out
 
 
-def sass(warps_list, kinds, k: int = 4096, n: int = 7168) -> None:
+def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
     """CPU: compile for sm_90 and count SASS instructions per weight element (whole kernel, straight-line)."""
     from jax_blockscale._triton.compile import compile_kernel
     from benchmarks._sass import disassemble, registers
@@ -269,16 +309,17 @@ def sass(warps_list, kinds, k: int = 4096, n: int = 7168) -> None:
     import collections
 
     for kind in kinds:
-        for warps in warps_list:
+        for warps, tiles, mask in configs:
             sig = dict(w_ptr="*u8", s_ptr="*u8", x_ptr="*bf16", a_ts_ptr="*fp32", b_ts_ptr="*fp32", out_ptr="*bf16")
             ck = compile_kernel(gemv_mma_kernel, target="sm_90", signature=sig,
-                                constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], WIDE=False), num_warps=warps,
+                                constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], WIDE=False, TILES=tiles, MASK=mask),
+                                num_warps=warps,
                                 num_stages=1)
             insts, _ = parse(disassemble(ck.asm["cubin"], "cuobjdump"))
             cnt = collections.Counter(classify(op) for _, op, _ in insts)
             ops = collections.Counter(op.split(".")[0] for _, op, _ in insts)
-            per = 32 * warps / (16 * k)
-            print(f"{kind} w{warps} K={k}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
+            per = 32 * warps / (16 * tiles * k)
+            print(f"{kind} {describe(warps, tiles, mask)} K={k}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
                   f"{sum(cnt.values()) * per:.2f} SASS per weight element; "
                   + ", ".join(f"{c} {v * per:.2f}" for c, v in cnt.most_common()))
             print("   ", ", ".join(f"{o} {v}" for o, v in ops.most_common(24)))
@@ -288,17 +329,18 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="7168x4096,7168x2048", help="NxK,...")
     ap.add_argument("--formats", default="mxfp4,nvfp4", help="mxfp4,nvfp4")
-    ap.add_argument("--configs", default="w8,w16,w4", help="wW,... (warps splitting K)")
+    ap.add_argument("--configs", default="w8,w16,w4",
+                    help="wW[tT][m],... (W warps splitting K, T m16 tiles per program, m: B's zeros by an AND)")
     ap.add_argument("--sass", action="store_true", help="CPU: SASS counts only")
     a = ap.parse_args(argv)
-    warps_list = [int(c[1:]) for c in a.configs.split(",")]
+    configs = [parse_config(c) for c in a.configs.split(",")]
     if a.sass:
-        sass(warps_list, a.formats.split(","))
+        sass(configs, a.formats.split(","))
         return
     from . import decode as bd
 
-    variants = [(f"w{warps}", lambda n, k, warps=warps: check(1, n, k, warps),
-                 lambda x, w, dtype, warps=warps: launch(x, w, warps, dtype)) for warps in warps_list]
+    variants = [(describe(*c), lambda n, k, c=c: check(1, n, k, c[0], c[1]),
+                 lambda x, w, dtype, c=c: launch(x, w, c[0], dtype, c[1], c[2])) for c in configs]
     bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
                                                             for s in a.shapes.split(",")], variants, again=True)
 

@@ -1,12 +1,13 @@
-"""CPU checks of benchmarks/decode_gemv_mma.py and benchmarks/decode_gemv_tma.py (two one-row GEMV experiments
-kept with their results, session 39): each kernel still compiles for sm_90 to what its docstring says, and each
-launcher refuses what its kernel cannot take, before anything compiles."""
+"""CPU checks of benchmarks/decode_gemv_mma.py, decode_gemv_tma.py (session 39) and decode_gemv_persistent.py
+(session 40), one-row GEMV experiments kept with their results: each kernel still compiles for sm_90 to what its
+docstring says, and each launcher refuses what its kernel cannot take, before anything compiles."""
 
 import re
 
 import pytest
 
 from benchmarks import decode_gemv_mma as mma
+from benchmarks import decode_gemv_persistent as persistent
 from benchmarks import decode_gemv_tma as tma_gemv
 from jax_blockscale._triton.compile import compile_kernel
 
@@ -29,6 +30,29 @@ def test_mma_gemv_is_a_batched_mma_sync_over_warps_splitting_k(w_kind):
     assert "wgmma" not in ptx and "cp.async" not in ptx
     # the activations are staged compactly: 2 bytes per code plus the per-column factors
     assert ck.metadata.shared < 16 * 1024
+
+
+def test_mma_gemv_tiles_share_one_b_operand_and_mask_its_zero_columns():
+    sig = _sig("e2m1")
+    one = compile_kernel(mma.gemv_mma_kernel, target="sm_90", signature=sig, num_warps=8, num_stages=1,
+                         constexprs=dict(N=7168, K=4096, W_KIND="e2m1", WIDE=False))
+    two = compile_kernel(mma.gemv_mma_kernel, target="sm_90", signature=sig, num_warps=8, num_stages=1,
+                         constexprs=dict(N=7168, K=4096, W_KIND="e2m1", WIDE=False, TILES=2, MASK=True))
+    mmas = r"mma\.sync\.aligned\.m16n8k16"
+    assert len(re.findall(mmas, two.asm["ptx"])) == 2 * len(re.findall(mmas, one.asm["ptx"]))
+    # the B operand's zero columns: one AND per 32-bit register instead of a select per fp16
+    assert "and.b32" in two.asm["ptx"] and two.asm["ptx"].count("selp.b16") < one.asm["ptx"].count("selp.b16")
+
+
+@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
+def test_persistent_gemv_pipelines_its_weight_tiles(w_kind):
+    ck = compile_kernel(persistent.gemv_persistent_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8,
+                        num_stages=3, constexprs=dict(N=7168, K=4096, W_KIND=w_kind, BLOCK_N=8, BLOCK_K=4096,
+                                                      NUM_STAGES=3, WIDE=False))
+    ptx = ck.asm["ptx"]
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx   # Triton's pipeline
+    assert "cvt.rn.f16x2.e4m3x2" in ptx                                          # the GEMV's decode
+    assert ck.metadata.shared >= 2 * 8 * 2048   # at least two stages of 8 rows x 2048 bytes
 
 
 @pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
@@ -55,6 +79,11 @@ def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
     (mma.check, (2, 7168, 4096, 8), "one activation row"),
     (mma.check, (1, 7168, 4096, 4), "K / \\(128 num_warps\\) must be 1, 2 or 4"),
     (mma.check, (1, 7168, 4096, 3), "num_warps must be"),
+    (mma.check, (1, 7168, 4096, 8, 3), "tiles \\(m16 tiles per program\\) must be 1, 2 or 4"),
+    (persistent.check, (2, 7168, 4096, persistent.parse_config("n8:k4096:w8:s3:p2")), "one activation row"),
+    (persistent.check, (1, 7168, 3072, persistent.parse_config("n8:k2048:w8:s3:p2")), "divide K"),
+    (persistent.check, (1, 7168, 4096, persistent.parse_config("n6:k4096:w8:s3:p2")), "block_n must be a power"),
+    (persistent.check, (1, 7168, 4096, persistent.parse_config("n8:k4096:w8:s0:p2")), "stages and programs"),
     (tma_gemv.check, (2, 7168, 4096, 4), "one activation row"),
     (tma_gemv.check, (1, 7168, 3072, 4), "multiple of 2048"),
     (tma_gemv.check, (1, 7168, 49152, 8), "shared memory"),
@@ -63,6 +92,15 @@ def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
 def test_launchers_refuse_what_the_kernels_cannot_take(check, args, match):
     with pytest.raises(ValueError, match=match):
         check(*args)
+
+
+def test_config_names():
+    assert mma.parse_config("w8") == (8, 1, False)
+    assert mma.parse_config("w16t2m") == (16, 2, True)
+    assert persistent.parse_config("n8:k4096:w8:s3:p2") == dict(block_n=8, block_k=4096, warps=8, stages=3, per_sm=2)
+    for bad in ("w8x", "n8:k4096"):
+        with pytest.raises(ValueError, match="expected"):
+            (mma.parse_config if bad.startswith("w") else persistent.parse_config)(bad)
 
 
 def test_tma_config_names():
