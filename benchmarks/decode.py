@@ -13,6 +13,8 @@
     python -m benchmarks.decode --fp8         # block FP8 weights: decode_fp8 vs block_fp8 and cuBLAS blockwise
     python -m benchmarks.decode --fp8-knobs --shapes 7168x4096   # and decode_fp8's neighbouring configs
     python -m benchmarks.decode --fp8 --pairs mxfp8:mxfp8 --rows 1,8,16,32,64   # 8-bit MX: vs XLA bf16
+    python -m benchmarks.decode --bf16-block  # bf16 activations x block FP8 weights: the kernels vs XLA bf16
+    python -m benchmarks.decode --bf16-block --quick   # the same: XLA bf16, the jnp reference, dispatch only
 
 Time per matmul = the summed device time of every GPU activity (kernels and memsets) recorded by
 torch.profiler (CUPTI) while R jitted calls run, over R: host launch gaps are out of it, and every kernel
@@ -127,12 +129,12 @@ def _checked(x, w, config=None) -> float:
 
 
 def _checked_us(p, xa, ws, cfg, torch) -> tuple[float | None, float]:
-    """(us per call, rel err) of the decode kernel with `cfg` on xa . ws: validated, checked against the
+    """(us per call, rel err) of `cfg`'s kernel (decode.py unless it names another) on xa . ws: validated, checked against the
     reference (fp32 output: only the summation order differs, ~1e-6) before it is timed; us is None when
     the result is wrong. An invalid config or a compile failure raises."""
-    from jax_blockscale._triton import decode
+    import importlib
 
-    decode.check_config(p, cfg)
+    importlib.import_module(f"jax_blockscale._triton.{cfg.kernel or 'decode'}").check_config(p, cfg)
     err = _checked(xa, ws[0], cfg)
     if not err < 1e-4:
         return None, err
@@ -919,6 +921,87 @@ def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2
         del bf16_ws
 
 
+# --bf16-block: bf16 activations x block FP8 (128 x 128) weights, decode.py's kernel at its default config and these
+# changes of it (label, rows it applies to, TileConfig fields), against what dispatch runs and XLA's bf16 dot.
+BF16_BLOCK_ROWS = (1, 2, 4, 16, 64, 256)
+BF16_BLOCK_VARIANTS = (
+    ("gemv 8-bit tile", lambda m: m <= 4, lambda p: dict(_fp8_gemv_tile_fields(p))),
+    ("gemv n16 k1024 w4 st3", lambda m: m <= 4, lambda p: dict(block_n=16, block_k=1024, num_warps=4, num_stages=3,
+                                                             split_k=1)),
+    ("mma n32", lambda m: 4 < m <= 64, lambda p: dict(block_n=32)),
+    ("mma n128 w8", lambda m: 4 < m <= 64, lambda p: dict(block_n=128, num_warps=8)),
+)
+
+
+def _fp8_gemv_tile_fields(p) -> dict:
+    from jax_blockscale._triton import decode
+
+    return decode._fp8_gemv_tile(p.batch * p.m, p.n, p.k) or dict(block_n=8, block_k=2048, num_warps=8, num_stages=2,
+                                                                   split_k=1)
+
+
+def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, candidates: bool = True):
+    """bf16 activations x block FP8 weights (DeepSeek's 128 x 128 tiles): `dense_x_block_fp8` (block_fp8.py's
+    kernel on 16-bit activations) at every row count, and at <= 64 rows decode.py's kernel (GEMV at <= 4 rows,
+    swapped MMA above; per-128-K scales applied in fp32) at its default config and BF16_BLOCK_VARIANTS, against
+    what `jb.matmul` dispatches and XLA's bf16 dot on bf16 weights of the same shape (what the user would run
+    without quantizing) and the jnp reference (what dispatch ran for this pair before session 40), beside a
+    same-size read. Every config is checked against the reference (fp32 out). `candidates=False` (--quick): the
+    baselines and dispatch only."""
+    from jax_blockscale._triton import decode, dense_x_block_fp8
+    from jax_blockscale._triton.problem import GemmProblem
+
+    ceiling = read_ceiling_gbs(torch)
+    print(_device_line(torch, *shapes[0], ceiling) + "\n")
+    print("| N | K | M | path | config | us | wall us | % same-size read | vs XLA bf16 | vs dispatch | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    mm = jax.jit(lambda x, w: jb.matmul(x, w))
+    ref = jax.jit(lambda x, w: jb.reference.matmul(x, w, out_dtype=jnp.bfloat16))
+    for n, k in shapes:
+        bf16_ws = _weights("bf16", n, k, 0)
+        ws, nb, read_us = _weights_and_read(torch, "fp8_block", n, k)
+        for m in rows:
+            xa = _activation("bf16", m, k)
+            args = [(xa, w) for w in ws]
+            base = kernel_us(_XLA_BF16, [(xa, w) for w in bf16_ws], torch)
+            print(f"| {n} | {k} | {m} | XLA bf16 | - | {base:.2f} | | | 1.00x | | |", flush=True)
+            before = kernel_us(ref, args, torch)
+            print(f"| {n} | {k} | {m} | jnp reference (before) | fp32 HIGHEST | {before:.2f} | | "
+                  f"{100 * read_us / before:.0f}% | {base / before:.2f}x | | |", flush=True)
+            disp = kernel_us(mm, args, torch)
+            print(f"| {n} | {k} | {m} | dispatch: {jb.explain(xa, ws[0]).path} {jb.explain(xa, ws[0]).kernel} | - | "
+                  f"{disp:.2f} | {wall_us(mm, args):.2f} | {100 * read_us / disp:.0f}% | {base / disp:.2f}x | 1.00x | "
+                  f"{_checked(xa, ws[0]):.1e} |", flush=True)
+            if not candidates:
+                continue
+            p = GemmProblem(1, False, m, n, k, "bf16", "block_fp8", "bf16")
+            dense_x = dense_x_block_fp8.default_config(p, "sm_90").replace(kernel="dense_x_block_fp8")
+            candidates = [("dense_x_block_fp8 default", dense_x)]
+            if m > 64:
+                candidates.append(("dense_x_block_fp8 unswapped", dense_x.replace(swap_ab=False, split_k=1)))
+                candidates.append(("dense_x_block_fp8 st4", dense_x.replace(num_stages=4)))
+            else:
+                default = decode.default_config(p, "sm_90").replace(kernel="decode")
+                candidates += [("decode default", default)] + [
+                    (label, default.replace(**changes(p))) for label, applies, changes in BF16_BLOCK_VARIANTS
+                    if applies(m)]
+            for label, cfg in candidates:
+                desc = (f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} "
+                        f"st{cfg.num_stages}" + (" gemv" if cfg.gemv else "") + (" swap" if cfg.swap_ab else ""))
+                try:
+                    us, err = _checked_us(p, xa, ws, cfg, torch)
+                except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop
+                    print(f"| {n} | {k} | {m} | {label} | {desc} | {type(e).__name__}: {str(e)[:80]} |", flush=True)
+                    continue
+                if us is None:
+                    print(f"| {n} | {k} | {m} | {label} | {desc} | WRONG | | | | | {err:.1e} |", flush=True)
+                    continue
+                fn = jax.jit(lambda x, w, cfg=cfg: jb.matmul(x, w, config=cfg))
+                print(f"| {n} | {k} | {m} | {label} | {desc} | {us:.2f} | {wall_us(fn, args):.2f} | "
+                      f"{100 * read_us / us:.0f}% | {base / us:.2f}x | {disp / us:.2f}x | {err:.1e} |", flush=True)
+        del bf16_ws, ws
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", action="store_true")
@@ -935,6 +1018,8 @@ def main(argv=None):
     ap.add_argument("--fp8", action="store_true",
                     help="block FP8 weights: decode_fp8 vs the swapped block_fp8 kernel and cuBLAS blockwise")
     ap.add_argument("--fp8-knobs", action="store_true", help="--fp8 with decode_fp8's neighbouring configs")
+    ap.add_argument("--bf16-block", action="store_true",
+                    help="bf16 activations x block FP8 weights: decode.py's kernel vs dispatch and XLA bf16")
     ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs, --fp8: interleaved rounds per config")
     ap.add_argument("--pairs", default=None, help="--wgmma(-knobs), --fp8: x:w format pairs, e.g. "
                     "bf16:mxfp8,mxfp8:mxfp4 (default bf16:mxfp4,bf16:nvfp4; --fp8: fp8_block:fp8_block)")
@@ -946,7 +1031,11 @@ def main(argv=None):
     if jax.default_backend() != "gpu":
         raise SystemExit("benchmarks.decode needs a GPU")
     torch = _torch()
-    if args.fp8 or args.fp8_knobs:
+    if args.bf16_block:
+        shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
+        bf16_block_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else BF16_BLOCK_ROWS,
+                         candidates=not args.quick)
+    elif args.fp8 or args.fp8_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else FP8_PAIRS[:1]
         fp8_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else FP8_ROWS,

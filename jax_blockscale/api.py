@@ -264,7 +264,7 @@ def _abstract(x, side: str, k: int):
 _EXPLAIN_PAIRS = (
     ("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8_e5m2"), ("mxfp6_e2m3", "mxfp6_e2m3"),
     ("mxfp6_e3m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
-    ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp8_block", "fp8_block"),
+    ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp8_block", "fp8_block"), ("bf16", "fp8_block"),
 )
 
 
@@ -277,9 +277,12 @@ def explain_all(target: Optional[str] = None) -> str:
         c = _explain(a, b, target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
     for rows in (1, 16, backends.DECODE_MAX_ROWS):
-        picks = ", ".join(f"{b}: {explain(a, b, target=target, rows=rows).kernel or 'reference'}"
+        # weights named alone where their activations are the usual ones; bf16 activations x block FP8 weights
+        # named in full
+        picks = ", ".join(f"{'bf16 x ' if (a, b) == ('bf16', 'fp8_block') else ''}{b}: "
+                          f"{explain(a, b, target=target, rows=rows).kernel or 'reference'}"
                           for a, b in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp8", "mxfp8"),
-                                       ("fp8_block", "fp8_block")))
+                                       ("fp8_block", "fp8_block"), ("bf16", "fp8_block")))
         lines.append(f"  {rows:>2} rows x one weight (explain(..., rows=M)): {picks}")
     lines.append("quantization (jb.quantize along the last axis, jb.quantize_with_transpose, the recipes):")
     by_quantizer: dict[str, list[str]] = {}

@@ -107,6 +107,17 @@ _DECODE_WGMMA_MEASURED = ("1.4-1.75x decode.py's kernels at 4 rows, 0.94-1.58x a
                           "splits too, 1.52-2.72x XLA's bf16 dot at 16 rows (2026-11-24)")
 _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte rows and decoded in "
                "registers, split-K reduced in the same kernel (one launch)")
+# 16-bit activations x block FP8 weights (_triton/dense_x_block_fp8.py): before it, the jnp reference.
+_DENSE_X_BLOCK_FP8 = frozenset({("bf16", BLOCK_FP8), ("fp16", BLOCK_FP8)})
+_DENSE_X_BLOCK_FP8_WHY = ("the block FP8 kernel on 16-bit activations: the weight's e4m3 codes widened in registers "
+                          "(exact), a 16-bit MMA per 128-K step, promoted in fp32 with the weight tile's scale; the "
+                          "weight as the MMA's M side")
+# Measured on an H200 (2026-12-02, kernel time, benchmarks/results/bf16_block_fp8_h200_2026-12-02_session40.md): at
+# 2-64 rows 0.86-1.25x XLA's bf16 dot and 4.7-7.4x the jnp reference that ran before, level with decode.py's swapped
+# MMA at 16-64 rows (0.95-1.06x) and 1.26-1.59x its GEMV at 4; at 256 and 4096 rows 0.40-0.45x XLA's bf16 dot, 5.1-6.3x
+# the reference; one row takes decode.py's GEMV (below).
+_DENSE_X_BLOCK_FP8_MEASURED = (" (H200: 0.86-1.25x XLA's bf16 dot at 2-64 rows, 0.40-0.45x at 256-4096; 4.7-7.4x "
+                               "the jnp reference that ran before)")
 
 # The persistent block FP8 kernel (_triton/block_fp8_persistent.py) from these sizes (activation rows, N,
 # K): below them a problem has about as few 128 x 128 tiles as the H100 has SMs, so a persistent loop has
@@ -140,6 +151,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "Triton decodes the MX operand in the kernel and runs a 16-bit tcgen05.mma (kind::f16)"),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 tcgen05.mma with fp32 promotion per 128-K block"),
+        KernelEntry("dense_x_block_fp8", _DENSE_X_BLOCK_FP8, "upcast", _DENSE_X_BLOCK_FP8_WHY + " (tcgen05 kind::f16)"),
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "decoded to bf16 in registers before a bf16 MMA"),
     ),
@@ -213,6 +225,13 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                            "faster at 7168 x 7168 and 8192 x 8192, level or slower at K <= 4096 and at 8-16 rows of "
                            "28672 x 8192, so the fp8 wgmma kernel keeps them"),
         KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
+        # bf16 activations x block FP8 weights at one row: the GEMV (per-128-K scales on each group's fp32 sum), whole
+        # rows per program (decode._BLOCK_FP8_GEMV_TILES); H200, 2026-12-02: 9.49 / 6.29 / 24.00 us at 7168 x 4096 /
+        # 7168 x 2048 / 8192 x 8192 against dense_x_block_fp8's 19.60 / 12.48 / 38.87 and XLA's bf16 dot's 19.83 /
+        # 16.47 / 37.12.
+        KernelEntry("decode", frozenset({("bf16", BLOCK_FP8)}), "upcast", _DECODE_WHY + "; the CUDA-core GEMV, "
+                    "2.09x / 2.62x / 1.55x XLA's bf16 dot at 7168 x 4096 / 7168 x 2048 / 8192 x 8192 on an H200",
+                    max_rows=1),
         KernelEntry("decode_fp8", _MX8_PAIRS, "native", _DECODE_FP8_MX_WHY, max_rows=64, min_rows=2,
                     max_staged_scales=MX8_STAGED_SCALES, named_configs_only=True),
         KernelEntry("decode", _DECODE_SM90, "upcast", _DECODE_WHY + "; CUDA-core GEMV or bf16 MMA",
@@ -221,7 +240,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     max_rows=DECODE_MAX_ROWS,
                     opt_in="slower than the kernels below on an H100 for these pairs (2026-11-22): block FP8 "
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
-                           "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured"),
+                           "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured; with bf16 "
+                           "activations x block FP8 weights 0.63-0.79x dense_x_block_fp8 at 4 rows, 0.95-1.06x at "
+                           "16-64 (H200, 2026-12-02; its one-row GEMV has the entry above)"),
         KernelEntry("block_fp8_gluon", _BLOCK_FP8_PAIR, "native",
                     "persistent, warp-specialized Gluon kernel: a TMA loader warp and two consumer warp groups "
                     "taking turns, so one promotes (fp32, per 128-K block) while the other's fp8 wgmma runs; "
@@ -238,6 +259,8 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     min_size=PERSISTENT_BLOCK_FP8_MIN),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 e4m3 wgmma with fp32 promotion per 128-K block"),
+        KernelEntry("dense_x_block_fp8", _DENSE_X_BLOCK_FP8, "upcast", _DENSE_X_BLOCK_FP8_WHY + " (bf16 wgmma, the "
+                    "widened weight its register A operand)" + _DENSE_X_BLOCK_FP8_MEASURED),
         KernelEntry("mx_gluon", frozenset(("bf16", w) for w in ("e2m1", NVFP4, "e4m3", "e5m2")), "upcast",
                     "Hopper has no block-scaled MMA: warp-specialized Gluon kernel, the weight decoded in "
                     "registers into wgmma's A operand (product transposed) while the other consumer's wgmma "
@@ -266,6 +289,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     "tl.dot_scaled lowers to v_mfma_scale_f32_*_f8f6f4 with pre-shuffled scales"),
         KernelEntry("block_fp8", _BLOCK_FP8_PAIR, "native",
                     "fp8 MFMA with fp32 promotion per 128-K block"),
+        KernelEntry("dense_x_block_fp8", _DENSE_X_BLOCK_FP8, "upcast", _DENSE_X_BLOCK_FP8_WHY + " (16-bit MFMA)"),
         KernelEntry("upcast", _UPCAST_PAIRS, "upcast",
                     "no native path: v_mfma_scale takes fp8 / fp6 / fp4 operands only (not bf16 activations), "
                     "and Triton 3.6's nvfp4 dot_scaled fails to compile for gfx950; decoded to bf16 before a "

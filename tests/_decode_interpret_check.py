@@ -6,7 +6,8 @@ Run by tests/test_decode_interpret.py in a subprocess (TRITON_INTERPRET=1 must b
 triton.language is imported). Prints one JSON line per case.
 
 How: the primitive's CPU lowering is replaced by its GPU one (`primitive._kernel_impl` for target sm_90),
-and jax-triton's `triton_call` by a host callback that runs the kernel in the interpreter. A case with
+and jax-triton's `triton_call` (and `jt.call`'s primitive) by a host callback that runs the kernel in the
+interpreter. A case with
 "asm" runs the inline-PTX fp4 decode through tests/_ptx_emulator.py (compute capability 90); without it
 the launcher gets none, so the fp32 decode of `upcast.py` runs. Outputs the
 launcher does not list as zeroed start as NaN / 0x5A5A5A5A, so a kernel that relied on them would show.
@@ -82,6 +83,24 @@ class _InterpretedJaxTriton:
 
 
 jt.jax_triton = lambda: _InterpretedJaxTriton
+
+
+def _interpreted_call_lowering(ctx, *args, kernel, out_avals, grid, num_warps, num_stages, compute_capability,
+                               target, name, constexprs):
+    """`jt.call`'s primitive (the launchers that use it, e.g. block_fp8.run_gemm) on the CPU: the same host
+    callback as `triton_call` above."""
+    del target
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
+
+    def fn(*arrays):
+        return list(_InterpretedJaxTriton.triton_call(
+            *arrays, kernel=kernel, out_shape=shapes, grid=grid, name=name, num_warps=num_warps,
+            num_stages=num_stages, compute_capability=compute_capability, **dict(constexprs)))
+
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(jt.triton_call_p, _interpreted_call_lowering, platform="cpu")
 
 
 def _interpreted_lowering(ctx, *args, target, **params):

@@ -85,6 +85,13 @@ for fa, m, block_n, block_k, warps, stages in (("bf16", 1, 8, 2048, 8, 2), ("mxf
                       config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=block_n, block_k=block_k,
                                   group_m=1, num_warps=warps, num_stages=stages, split_k=1, gemv=True,
                                   prefetch=False)))
+# ... the block FP8 weights' one-row sm_90 tiles (decode._BLOCK_FP8_GEMV_TILES): whole rows on 8 warps, 16 rows x
+# 1024 codes on 4 (two K tiles).
+for block_n, block_k, warps, stages, k in ((8, 2048, 8, 2, 2048), (16, 1024, 4, 3, 2048)):
+    seed += 1
+    CASES.append(dict(fa="bf16", fb="fp8_block", batch=[], m=1, n=150, k=k, seed=seed, a_gain=3.0, out_dtype="float32",
+                      config=dict(block_m=1, block_n=block_n, block_k=block_k, group_m=1, num_warps=warps,
+                                  num_stages=stages, split_k=1, gemv=True, prefetch=False)))
 # ... its PTX fp4 decode (emulated), a folded batch, and bf16 output.
 for fa, fb in (("bf16", "mxfp4"), ("nvfp4", "nvfp4")):
     seed += 1

@@ -7,6 +7,12 @@ tensor cores' fp8 accumulation keeps only ~14 bits, and a K-long chain of fp8 pr
 What remains is that truncation within each 128 block: measured on an H200, 1e-4 to 2e-4 relative
 (Frobenius) error against the fp32 reference, far below a bf16 output's rounding.
 
+Dense activations (bf16 / fp16: a serving model with DeepSeek's FP8 checkpoint and unquantized activations) take
+the same kernel with `X_DENSE` (launched by `dense_x_block_fp8.py`): the weight's e4m3 codes are widened to the activations' 16-bit type in registers
+(exact: every e4m3 value is a bf16 and an fp16 value) and each 128-K step runs a 16-bit `tl.dot`, promoted with the
+weight's scale alone. The products are exact and summed in fp32 (~1e-6 relative against the fp32 reference),
+where the jnp reference that ran before widened the weight to fp32 in memory for an fp32 GEMM.
+
 Also holds the pieces every GEMM launcher of this package shares: the grouped tile order, the epilogue
 (alpha, cast, masked store, split-K partials) and the jnp side (batch folding, grid, split-K reduction).
 """
@@ -88,13 +94,15 @@ def block_fp8_kernel(
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BATCHES: tl.constexpr, B_BATCHED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, WIDE: tl.constexpr, OUT_T: tl.constexpr, A_SCALE_ROWS: tl.constexpr,
-    B_SCALE_ROWS: tl.constexpr,
+    B_SCALE_ROWS: tl.constexpr, X_DENSE: tl.constexpr = False,
 ):
     """out[batch] = sum over 128-wide K blocks of (a_blk @ b_blk.T) * a_scale[m, blk] * b_scale[n, blk].
 
     Shapes (all constexpr: jax-triton does not divisibility-specialize scalar ints): a (BATCHES, M, K),
     b ([BATCHES,] N, K); scales (.., cdiv(rows, *_SCALE_ROWS), K/128): activations have 1-row groups,
     weights 128-row tiles. Swapped launches (weights as a, OUT_T) set A_SCALE_ROWS=128, B_SCALE_ROWS=1.
+    X_DENSE: the activations (b when OUT_T, else a) are dense 16-bit values with no scales (their scale pointer
+    is never read); the weight's codes are widened to that type before each step's dot (module docstring).
     """
     SCALE_K: tl.constexpr = K // 128
     A_SCALE_LEN: tl.constexpr = triton.cdiv(M, A_SCALE_ROWS) * SCALE_K
@@ -134,24 +142,46 @@ def block_fp8_kernel(
     # Triton's pipeliner streams the tiles through cp.async but leaves the (scalar or short) scale loads
     # synchronous, so each K step would wait one memory round trip for them. Scales are loaded two K steps
     # ahead instead and carried in registers (indices clamped: the ring reads past the range harmlessly).
-    a_s0 = tl.load(a_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES))
-    b_s0 = tl.load(b_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES))
+    # X_DENSE: the dense side has no scales (ones: no loads), and only the weight's are carried.
+    A_ONES: tl.constexpr = X_DENSE and not OUT_T
+    B_ONES: tl.constexpr = X_DENSE and OUT_T
+    a_s0 = tl.load(a_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES)) if not A_ONES else 1.0
+    b_s0 = tl.load(b_scale_ptrs + _scale_index(k_begin, BLOCK_K, K_TILES)) if not B_ONES else 1.0
     for kt in range(k_begin, k_end):
-        a_s1 = tl.load(a_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
-        b_s1 = tl.load(b_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
         k0 = kt * BLOCK_K
         a = tl.load(a_tile_ptrs + k0)
         b = tl.load(b_tile_ptrs + k0)
-        # wgmma fp8 takes both operands K-major in shared memory: b stays (N, K) and is transposed here.
-        partial = tl.dot(a, tl.trans(b), out_dtype=tl.float32)
-        if A_SCALAR:
-            acc += partial * (a_s0 * b_s0)[None, :]
-        elif B_SCALAR:
-            acc += partial * (a_s0 * b_s0)[:, None]
+        if A_ONES:
+            # wgmma takes a 16-bit B from shared memory: the widened codes go back there (Triton inserts it)
+            b_s1 = tl.load(b_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
+            partial = tl.dot(a, tl.trans(b.to(a.dtype)), out_dtype=tl.float32)   # e4m3 -> 16-bit: exact
+            if B_SCALAR:
+                acc += partial * b_s0
+            else:
+                acc += partial * b_s0[None, :]
+            b_s0 = b_s1
+        elif B_ONES:
+            # the widened weight is wgmma's A operand, taken from registers
+            a_s1 = tl.load(a_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
+            partial = tl.dot(a.to(b.dtype), tl.trans(b), out_dtype=tl.float32)
+            if A_SCALAR:
+                acc += partial * a_s0
+            else:
+                acc += partial * a_s0[:, None]
+            a_s0 = a_s1
         else:
-            acc += partial * a_s0[:, None] * b_s0[None, :]
-        a_s0 = a_s1
-        b_s0 = b_s1
+            a_s1 = tl.load(a_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
+            b_s1 = tl.load(b_scale_ptrs + _scale_index(kt + 1, BLOCK_K, K_TILES))
+            # wgmma fp8 takes both operands K-major in shared memory: b stays (N, K) and is transposed here.
+            partial = tl.dot(a, tl.trans(b), out_dtype=tl.float32)
+            if A_SCALAR:
+                acc += partial * (a_s0 * b_s0)[None, :]
+            elif B_SCALAR:
+                acc += partial * (a_s0 * b_s0)[:, None]
+            else:
+                acc += partial * a_s0[:, None] * b_s0[None, :]
+            a_s0 = a_s1
+            b_s0 = b_s1
 
     store_tile(acc, alpha_ptr, out_ptr, offs_m, offs_n, tl.program_id(1), M, N, BATCHES, SPLIT_K, WIDE, OUT_T)
 
@@ -280,7 +310,8 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
            alpha: jax.Array, *, config: TileConfig, compute_capability: int) -> jax.Array:
     """Block FP8 GEMM (see module docstring); returns (p.batch, p.m, p.n) of p.out_dtype."""
     if (p.a_kind, p.b_kind) not in SUPPORTED:
-        raise ValueError(f"block_fp8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind}")
+        raise ValueError(f"block_fp8 kernel takes block_fp8 x block_fp8, got {p.a_kind} x {p.b_kind} (16-bit "
+                         f"activations: dense_x_block_fp8)")
     if config.persistent:
         from . import block_fp8_persistent
 

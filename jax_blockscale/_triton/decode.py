@@ -554,6 +554,26 @@ _FP8_GEMV_TILES = (
 )
 
 
+# bf16 activations x block FP8 weights at one row (H200, 2026-12-02, CUPTI kernel time, `python -m benchmarks.decode
+# --bf16-block`, benchmarks/results/bf16_block_fp8_h200_2026-12-02_session40.md): whole rows on 8 warps where K is
+# 2048 or 4096 (7168 x 4096: 9.49 us against the heuristic tile's 14.47, 2.09x XLA's bf16 dot; 7168 x 2048: 6.29
+# against 9.44), 16 rows x 1024 codes on 4 warps beyond (8192 x 8192: 24.00 against 33.50 and the whole-row tile's
+# 37.47 over two K tiles). (block_n, block_k, num_warps, num_stages), no K split, where N leaves a program per SM.
+_BLOCK_FP8_GEMV_TILES = (
+    (lambda k: k in (2048, 4096), (8, None, 8, 2)),   # block_k = K
+    (lambda k: k % 1024 == 0, (16, 1024, 4, 3)),
+)
+
+
+def _block_fp8_gemv_tile(n: int, k: int) -> dict:
+    """TileConfig fields of the one-row block FP8 GEMV's tile on sm_90 (`_BLOCK_FP8_GEMV_TILES`), or {}."""
+    for applies, (block_n, block_k, warps, stages) in _BLOCK_FP8_GEMV_TILES:
+        if applies(k) and n // block_n >= _TYPICAL_SM_COUNT:
+            return dict(block_m=1, block_n=block_n, block_k=block_k or k, num_warps=warps, num_stages=stages,
+                        split_k=1, group_m=1, gemv=True, prefetch=False)
+    return {}
+
+
 def _fp8_gemv_tile(rows: int, n: int, k: int) -> dict:
     """TileConfig fields of the 8-bit GEMV's tile for `rows` x (N, K) on sm_90 (`_FP8_GEMV_TILES`), or {} for
     the table's default (K split 4 ways, for N too short to fill the SMs without one)."""
@@ -610,6 +630,10 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     tuned = _tuned(p, rows, target)
     if tuned is not None:
         return tuned
+    if target == "sm_90" and p.b_kind == BLOCK_FP8 and p.a_kind == "bf16" and rows == 1:
+        fields = _block_fp8_gemv_tile(p.n, p.k)
+        if fields:
+            return TileConfig(**fields)
     if rows <= _FMA_MAX_ROWS:
         return gemv_config(p, asm=target.startswith("sm_"))
     block_n = 64
