@@ -113,9 +113,9 @@ _DENSE_X_BLOCK_FP8_WHY = ("the block FP8 kernel on 16-bit activations: the weigh
                           "(exact), a 16-bit MMA per 128-K step, promoted in fp32 with the weight tile's scale; the "
                           "weight as the MMA's M side")
 # Measured on an H200 (2026-12-02, kernel time, benchmarks/results/bf16_block_fp8_h200_2026-12-02_session40.md): at
-# 2-64 rows 0.86-1.25x XLA's bf16 dot and 4.7-7.4x the jnp reference that ran before, level with decode.py's swapped
-# MMA at 16-64 rows (0.95-1.06x) and 1.26-1.59x its GEMV at 4; at 256 and 4096 rows 0.40-0.45x XLA's bf16 dot, 5.1-6.3x
-# the reference; one row takes decode.py's GEMV (below).
+# 2-64 rows 0.86-1.25x XLA's bf16 dot and 4.7-7.4x the jnp reference that ran before; decode.py's swapped MMA ran
+# 0.91-1.05x its speed at 16-64 rows and its GEMV 0.63-0.79x at 4; at 256 and 4096 rows 0.40-0.45x XLA's bf16 dot,
+# 5.1-6.3x the reference; one row takes decode.py's GEMV (below).
 _DENSE_X_BLOCK_FP8_MEASURED = (" (H200: 0.86-1.25x XLA's bf16 dot at 2-64 rows, 0.40-0.45x at 256-4096; 4.7-7.4x "
                                "the jnp reference that ran before)")
 
@@ -241,7 +241,7 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     opt_in="slower than the kernels below on an H100 for these pairs (2026-11-22): block FP8 "
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
                            "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured; with bf16 "
-                           "activations x block FP8 weights 0.63-0.79x dense_x_block_fp8 at 4 rows, 0.95-1.06x at "
+                           "activations x block FP8 weights 0.63-0.79x dense_x_block_fp8 at 4 rows, 0.91-1.05x at "
                            "16-64 (H200, 2026-12-02; its one-row GEMV has the entry above)"),
         KernelEntry("block_fp8_gluon", _BLOCK_FP8_PAIR, "native",
                     "persistent, warp-specialized Gluon kernel: a TMA loader warp and two consumer warp groups "

@@ -8,9 +8,9 @@ What remains is that truncation within each 128 block: measured on an H200, 1e-4
 (Frobenius) error against the fp32 reference, far below a bf16 output's rounding.
 
 Dense activations (bf16 / fp16: a serving model with DeepSeek's FP8 checkpoint and unquantized activations) take
-the same kernel with `X_DENSE` (launched by `dense_x_block_fp8.py`): the weight's e4m3 codes are widened to the activations' 16-bit type in registers
-(exact: every e4m3 value is a bf16 and an fp16 value) and each 128-K step runs a 16-bit `tl.dot`, promoted with the
-weight's scale alone. The products are exact and summed in fp32 (~1e-6 relative against the fp32 reference),
+the same kernel with `X_DENSE` (launched by `dense_x_block_fp8.py`): the weight's e4m3 codes are widened to the
+activations' 16-bit type in registers (exact: every e4m3 value is a bf16 and an fp16 value) and each 128-K step
+runs a 16-bit `tl.dot`, promoted with the weight's scale alone. The products are exact and summed in fp32 (~1e-6 relative against the fp32 reference),
 where the jnp reference that ran before widened the weight to fp32 in memory for an fp32 GEMM.
 
 Also holds the pieces every GEMM launcher of this package shares: the grouped tile order, the epilogue
