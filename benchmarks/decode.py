@@ -221,6 +221,26 @@ def experiment_table(torch, formats, shapes, variants, *, tol: float = 1e-5, aga
                 print(f"{row} dispatch again | {again_us:.2f} | | | | |", flush=True)
 
 
+def experiment_main(argv, description: str, *, shapes: str, formats: str, configs: str, config_help: str, parse,
+                    variant, sass, again: bool = True) -> None:
+    """The one-row decode experiments' command line (decode_gemv_mma, decode_gemv_tma, decode_gemv_persistent,
+    decode_gemv_gluon): --shapes NxK,..., --formats, --configs (each through `parse`), and --sass, which calls
+    `sass(configs, formats)` (CPU); else `experiment_table` of `variant(config, first format)` -> (label, check, run)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--shapes", default=shapes, help="NxK,...")
+    ap.add_argument("--formats", default=formats, help="mxfp4,nvfp4")
+    ap.add_argument("--configs", default=configs, help=config_help)
+    ap.add_argument("--sass", action="store_true", help="CPU: compile and count SASS only")
+    a = ap.parse_args(argv)
+    parsed = [parse(c) for c in a.configs.split(",")]
+    fmts = a.formats.split(",")
+    if a.sass:
+        sass(parsed, fmts)
+        return
+    experiment_table(_torch(), fmts, [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")],
+                     [variant(c, fmts[0]) for c in parsed], again=again)
+
+
 def _cublas_blockwise_us(torch, x, ws):
     """Kernel time (us per call) of torch's cuBLAS blockwise FP8 on the very bytes of our fp8_block operands,
     checked against the reference first (`benchmarks/_torch.torch_blockwise`, as `benchmarks.quick` times

@@ -29,7 +29,6 @@ barriers that Nsight Compute flagged gives at most 5%: they are not what bounds 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 
@@ -55,10 +54,11 @@ def _scale_f32(raw, W_KIND: gl.constexpr):
     """The raw scales as fp32: nvfp4's e4m3 converted; e8m0 as 2**(code - 127) from bits (0: the subnormal
     2**-127, 0xFF: NaN), as `upcast.e8m0_to_f32`."""
     if W_KIND == "nvfp4":
-        return raw.to(gl.float32)
-    c = raw.to(gl.uint32)
-    bits = gl.where(c == 0, 0x00400000, gl.where(c == 0xFF, 0x7FC00000, c << 23))
-    return bits.to(gl.float32, bitcast=True)
+        s = raw.to(gl.float32)
+    else:
+        c = raw.to(gl.uint32)
+        s = gl.where(c == 0, 0x00400000, gl.where(c == 0xFF, 0x7FC00000, c << 23)).to(gl.float32, bitcast=True)
+    return s
 
 
 @gluon.jit
@@ -181,10 +181,7 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", cfg: dict, out_dtype=jnp.bflo
 
 def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
     """CPU: compile for sm_90; registers, shared memory and SASS per weight element (whole kernel)."""
-    import collections
-
-    from benchmarks._sass import disassemble, registers
-    from benchmarks.sass_quant import classify, parse
+    from benchmarks.sass_quant import kernel_summary
     from jax_blockscale._triton.compile import compile_kernel
 
     for kind in kinds:
@@ -195,33 +192,16 @@ def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
                                 num_stages=1, constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], BLOCK_N=cfg["block_n"],
                                                               BLOCK_K=cfg["block_k"], WARPS_N=cfg["warps_n"],
                                                               PREFETCH=cfg["prefetch"], WIDE=False))
-            insts, _ = parse(disassemble(ck.asm["cubin"], "cuobjdump"))
-            cnt = collections.Counter(classify(op) for _, op, _ in insts)
-            ops = collections.Counter(op.split(".")[0] for _, op, _ in insts)
-            per = 32 * cfg["warps"] / (cfg["block_n"] * k)
-            print(f"{kind} {describe(cfg)}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
-                  f"{sum(cnt.values()) * per:.2f} SASS per weight element; "
-                  + ", ".join(f"{c} {v * per:.2f}" for c, v in cnt.most_common()))
-            print("   ", ", ".join(f"{o} {v}" for o, v in ops.most_common(20)))
+            print(f"{kind} {describe(cfg)}: " + kernel_summary(ck, 32 * cfg["warps"] / (cfg["block_n"] * k)))
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="7168x4096,7168x2048,8192x8192", help="NxK,...")
-    ap.add_argument("--formats", default="mxfp4", help="mxfp4,nvfp4")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="nR:kB:wW:rWR[:p],... (parse_config)")
-    ap.add_argument("--sass", action="store_true", help="CPU: SASS counts only")
-    a = ap.parse_args(argv)
-    configs = [parse_config(c) for c in a.configs.split(",")]
-    if a.sass:
-        sass(configs, a.formats.split(","))
-        return
-    from . import decode as bd
+    from .decode import experiment_main
 
-    variants = [(describe(c), lambda n, k, c=c, f=f: check(1, n, k, c, f), lambda x, w, dtype, c=c: launch(x, w, c, dtype))
-                for c in configs for f in a.formats.split(",")[:1]]
-    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
-                                                            for s in a.shapes.split(",")], variants, again=True)
+    experiment_main(argv, __doc__.split("\n")[0], shapes="7168x4096,7168x2048,8192x8192", formats="mxfp4",
+                    configs=DEFAULT_CONFIGS, config_help="nR:kB:wW:rWR[:p],... (parse_config)", parse=parse_config,
+                    sass=sass, variant=lambda c, fmt: (describe(c), lambda n, k: check(1, n, k, c, fmt),
+                                                       lambda x, w, dtype: launch(x, w, c, dtype)))
 
 
 if __name__ == "__main__":

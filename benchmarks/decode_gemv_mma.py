@@ -43,7 +43,6 @@ one program per SM, and each program loads everything, then computes
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 
@@ -303,10 +302,8 @@ def launch(x: jax.Array, w: "jb.BlockScaledArray", warps: int, out_dtype=jnp.bfl
 
 def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
     """CPU: compile for sm_90 and count SASS instructions per weight element (whole kernel, straight-line)."""
+    from benchmarks.sass_quant import kernel_summary
     from jax_blockscale._triton.compile import compile_kernel
-    from benchmarks._sass import disassemble, registers
-    from benchmarks.sass_quant import classify, parse
-    import collections
 
     for kind in kinds:
         for warps, tiles, mask in configs:
@@ -315,34 +312,18 @@ def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
                                 constexprs=dict(N=n, K=k, W_KIND=KINDS[kind], WIDE=False, TILES=tiles, MASK=mask),
                                 num_warps=warps,
                                 num_stages=1)
-            insts, _ = parse(disassemble(ck.asm["cubin"], "cuobjdump"))
-            cnt = collections.Counter(classify(op) for _, op, _ in insts)
-            ops = collections.Counter(op.split(".")[0] for _, op, _ in insts)
-            per = 32 * warps / (16 * tiles * k)
-            print(f"{kind} {describe(warps, tiles, mask)} K={k}: regs {registers(ck.asm['cubin'])}, smem {ck.metadata.shared}, "
-                  f"{sum(cnt.values()) * per:.2f} SASS per weight element; "
-                  + ", ".join(f"{c} {v * per:.2f}" for c, v in cnt.most_common()))
-            print("   ", ", ".join(f"{o} {v}" for o, v in ops.most_common(24)))
+            print(f"{kind} {describe(warps, tiles, mask)} K={k}: "
+                  + kernel_summary(ck, 32 * warps / (16 * tiles * k), top=24))
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="7168x4096,7168x2048", help="NxK,...")
-    ap.add_argument("--formats", default="mxfp4,nvfp4", help="mxfp4,nvfp4")
-    ap.add_argument("--configs", default="w8,w16,w4",
-                    help="wW[tT][m],... (W warps splitting K, T m16 tiles per program, m: B's zeros by an AND)")
-    ap.add_argument("--sass", action="store_true", help="CPU: SASS counts only")
-    a = ap.parse_args(argv)
-    configs = [parse_config(c) for c in a.configs.split(",")]
-    if a.sass:
-        sass(configs, a.formats.split(","))
-        return
-    from . import decode as bd
+    from .decode import experiment_main
 
-    variants = [(describe(*c), lambda n, k, c=c: check(1, n, k, c[0], c[1]),
-                 lambda x, w, dtype, c=c: launch(x, w, c[0], dtype, c[1], c[2])) for c in configs]
-    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
-                                                            for s in a.shapes.split(",")], variants, again=True)
+    experiment_main(argv, __doc__.split("\n")[0], shapes="7168x4096,7168x2048", formats="mxfp4,nvfp4",
+                    configs="w8,w16,w4", config_help="wW[tT][m],... (W warps splitting K, T m16 tiles per program, "
+                    "m: B's zeros by an AND)", parse=parse_config, sass=sass,
+                    variant=lambda c, fmt: (describe(*c), lambda n, k: check(1, n, k, c[0], c[1]),
+                                            lambda x, w, dtype: launch(x, w, c[0], dtype, c[1], c[2])))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ programs already overlap each other's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 
@@ -165,22 +164,12 @@ def sass(configs, kinds, k: int = 4096, n: int = 7168) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="7168x4096,7168x2048,8192x8192", help="NxK,...")
-    ap.add_argument("--formats", default="mxfp4", help="mxfp4,nvfp4")
-    ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="nN:kK:wW:sS:pP,... (parse_config)")
-    ap.add_argument("--sass", action="store_true", help="CPU: SASS counts only")
-    a = ap.parse_args(argv)
-    configs = [parse_config(c) for c in a.configs.split(",")]
-    if a.sass:
-        sass(configs, a.formats.split(","))
-        return
-    from . import decode as bd
+    from .decode import experiment_main
 
-    variants = [(describe(c), lambda n, k, c=c: check(1, n, k, c), lambda x, w, dtype, c=c: launch(x, w, c, dtype))
-                for c in configs]
-    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
-                                                            for s in a.shapes.split(",")], variants, again=True)
+    experiment_main(argv, __doc__.split("\n")[0], shapes="7168x4096,7168x2048,8192x8192", formats="mxfp4",
+                    configs=DEFAULT_CONFIGS, config_help="nN:kK:wW:sS:pP[:x],... (parse_config)", parse=parse_config,
+                    sass=sass, variant=lambda c, fmt: (describe(c), lambda n, k: check(1, n, k, c),
+                                                       lambda x, w, dtype: launch(x, w, c, dtype)))
 
 
 if __name__ == "__main__":

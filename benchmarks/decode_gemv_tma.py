@@ -36,7 +36,6 @@ program.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # torch (CUPTI) shares the GPU
@@ -286,25 +285,16 @@ def sass(configs, kinds, n: int = 7168, k: int = 4096) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="7168x4096,7168x2048,8192x8192", help="NxK,...")
-    ap.add_argument("--formats", default="mxfp4,nvfp4", help="mxfp4,nvfp4")
-    ap.add_argument("--configs", default="p1:s4,p1:s6,p2:s3", help="pP:sS,... (programs per SM, ring stages)")
-    ap.add_argument("--sass", action="store_true", help="CPU: compile only")
-    a = ap.parse_args(argv)
-    configs = [parse_config(c) for c in a.configs.split(",")]
-    if a.sass:
-        sass(configs, a.formats.split(","))
-        return
-    from . import decode as bd
+    from .decode import experiment_main
 
-    def run(p, st, wsp):
-        return lambda x, w, dtype: launch(x, w, p, st, dtype, ws=wsp)
+    def variant(config, fmt):
+        p, st, wsp = config
+        return (f"{'ws:' if wsp else ''}p{p}:s{st}", lambda n, k: check(1, n, k, st, wsp),
+                lambda x, w, dtype: launch(x, w, p, st, dtype, ws=wsp))
 
-    variants = [(f"{'ws:' if wsp else ''}p{p}:s{st}", lambda n, k, st=st, wsp=wsp: check(1, n, k, st, wsp),
-                 run(p, st, wsp)) for p, st, wsp in configs]
-    bd.experiment_table(bd._torch(), a.formats.split(","), [tuple(int(v) for v in s.split("x"))
-                                                            for s in a.shapes.split(",")], variants)
+    experiment_main(argv, __doc__.split("\n")[0], shapes="7168x4096,7168x2048,8192x8192", formats="mxfp4,nvfp4",
+                    configs="p1:s4,p1:s6,p2:s3", config_help="[ws:]pP:sS,... (programs per SM, ring stages)",
+                    parse=parse_config, sass=sass, variant=variant, again=False)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,21 @@ def classify(mnemonic: str) -> str:
     return "other"
 
 
+def kernel_summary(compiled, per: float, top: int = 20) -> str:
+    """Two lines about a compiled kernel's whole SASS (straight-line, static counts): registers, shared memory and
+    instructions per unit of work (`per`: 1 / the units one thread handles, e.g. weight elements), by `classify`'s
+    class; then its `top` opcodes. For the one-row GEMV experiments (benchmarks/decode_gemv_*.py --sass)."""
+    from ._sass import registers
+
+    insts, _ = parse(disassemble(compiled.asm["cubin"], "cuobjdump"))
+    cnt = collections.Counter(classify(op) for _, op, _ in insts)
+    ops = collections.Counter(op.split(".")[0] for _, op, _ in insts)
+    return (f"regs {registers(compiled.asm['cubin'])}, smem {compiled.metadata.shared}, "
+            f"{sum(cnt.values()) * per:.2f} SASS per weight element; "
+            + ", ".join(f"{c} {v * per:.2f}" for c, v in cnt.most_common())
+            + "\n    " + ", ".join(f"{o} {v}" for o, v in ops.most_common(top)))
+
+
 def parse(text: str) -> tuple[list[tuple[int, str, str]], int]:
     """(address, mnemonic, operands) of each instruction, and the first address of out-of-line subroutines
     (the smallest CALL target), from which on code is a slow path."""

@@ -9,6 +9,11 @@ torch is needed. Kernels without `tl.dot_scaled` / wgmma run this way (the quant
 from __future__ import annotations
 
 import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -130,3 +135,17 @@ def interpreted(kernel):
 def run(kernel, grid, *arrays: np.ndarray, **constexprs) -> None:
     """Launches `kernel[grid](*arrays, **constexprs)` in the interpreter; outputs are written in place."""
     interpreted(kernel)[grid](*(NumpyTensor(a) for a in arrays), **constexprs)
+
+
+def run_matmul_cases(cases: list[dict]) -> list[dict]:
+    """Runs `jb.matmul` cases through the whole GPU path with the kernels in the interpreter
+    (tests/_decode_interpret_check.py, in a subprocess: TRITON_INTERPRET must be set before triton.language is
+    imported); one result dict per case, in order."""
+    here = pathlib.Path(__file__).parent
+    root = str(here.parent)
+    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(here / "_decode_interpret_check.py"), json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=1200, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -1,11 +1,12 @@
-"""CPU checks of benchmarks/decode_gemv_mma.py, decode_gemv_tma.py (session 39) and decode_gemv_persistent.py
-(session 40), one-row GEMV experiments kept with their results: each kernel still compiles for sm_90 to what its
+"""CPU checks of benchmarks/decode_gemv_mma.py, decode_gemv_tma.py (session 39), decode_gemv_persistent.py and
+decode_gemv_gluon.py (session 40), one-row GEMV experiments kept with their results: each kernel still compiles for sm_90 to what its
 docstring says, and each launcher refuses what its kernel cannot take, before anything compiles."""
 
 import re
 
 import pytest
 
+from benchmarks import decode_gemv_gluon as gluon_gemv
 from benchmarks import decode_gemv_mma as mma
 from benchmarks import decode_gemv_persistent as persistent
 from benchmarks import decode_gemv_tma as tma_gemv
@@ -56,6 +57,18 @@ def test_persistent_gemv_pipelines_its_weight_tiles(w_kind):
 
 
 @pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
+def test_gluon_gemv_loads_the_activations_straight_into_the_products_layout(w_kind):
+    ck = compile_kernel(gluon_gemv.gemv_gluon_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8,
+                        num_stages=1, constexprs=dict(N=7168, K=4096, W_KIND=w_kind, BLOCK_N=8, BLOCK_K=4096, WARPS_N=2,
+                                                      PREFETCH=False, WIDE=False))
+    ptx = ck.asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx                                  # the GEMV's decode
+    # the activations' 64 bytes per thread as 16-byte vectors (mxfp4's weight too; nvfp4's 8-byte groups as 8-byte ones)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", ptx)) >= (8 if w_kind == "e2m1" else 4)
+    assert ck.metadata.shared <= 512                                     # only the row sums' cross-warp reduction
+
+
+@pytest.mark.parametrize("w_kind", ["e2m1", "nvfp4"])
 def test_tma_gemv_streams_the_weight_through_a_tma_ring(w_kind):
     ck = compile_kernel(tma_gemv.gemv_tma_kernel, target="sm_90", signature=_sig(w_kind), num_warps=8, num_stages=1,
                         constexprs=dict(N=7168, K=4096, NV=int(w_kind == "nvfp4"), STAGES=4, PROGRAMS=132))
@@ -84,6 +97,10 @@ def test_warp_specialized_tma_gemv_releases_stages_by_named_barrier():
     (persistent.check, (1, 7168, 3072, persistent.parse_config("n8:k2048:w8:s3:p2")), "divide K"),
     (persistent.check, (1, 7168, 4096, persistent.parse_config("n6:k4096:w8:s3:p2")), "block_n must be a power"),
     (persistent.check, (1, 7168, 4096, persistent.parse_config("n8:k4096:w8:s0:p2")), "stages and programs"),
+    (persistent.check, (1, 8192, 8192, persistent.parse_config("n8:k4096:w8:s3:p2:x")), "need one K tile"),
+    (gluon_gemv.check, (2, 7168, 4096, gluon_gemv.parse_config("n8:k4096:w8:r2")), "one activation row"),
+    (gluon_gemv.check, (1, 7168, 4096, gluon_gemv.parse_config("n8:k4096:w8:r16")), "must not exceed"),
+    (gluon_gemv.check, (1, 7168, 2048, gluon_gemv.parse_config("n8:k2048:w4:r1")), "hold 32 codes"),
     (tma_gemv.check, (2, 7168, 4096, 4), "one activation row"),
     (tma_gemv.check, (1, 7168, 3072, 4), "multiple of 2048"),
     (tma_gemv.check, (1, 7168, 49152, 8), "shared memory"),
@@ -97,10 +114,15 @@ def test_launchers_refuse_what_the_kernels_cannot_take(check, args, match):
 def test_config_names():
     assert mma.parse_config("w8") == (8, 1, False)
     assert mma.parse_config("w16t2m") == (16, 2, True)
-    assert persistent.parse_config("n8:k4096:w8:s3:p2") == dict(block_n=8, block_k=4096, warps=8, stages=3, per_sm=2)
-    for bad in ("w8x", "n8:k4096"):
+    assert persistent.parse_config("n8:k4096:w8:s3:p2") == dict(block_n=8, block_k=4096, warps=8, stages=3, per_sm=2,
+                                                                hoist_x=False)
+    assert persistent.parse_config("n4:k8192:w8:s3:p2:x")["hoist_x"]
+    assert gluon_gemv.parse_config("n16:k1024:w4:r4:p") == dict(block_n=16, block_k=1024, warps=4, warps_n=4,
+                                                                prefetch=True)
+    for parse, bad in ((mma.parse_config, "w8x"), (persistent.parse_config, "n8:k4096"),
+                       (gluon_gemv.parse_config, "n8:k4096:w8")):
         with pytest.raises(ValueError, match="expected"):
-            (mma.parse_config if bad.startswith("w") else persistent.parse_config)(bad)
+            parse(bad)
 
 
 def test_tma_config_names():

@@ -14,19 +14,14 @@ order (1e-5); a few take bf16 output (2 bf16 eps). These cases fail on the two b
 first two's scales) and on any wrong scale index along N or K.
 """
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("triton")
 
 from _dispatch import sm90_decode_kernel  # noqa: E402
+from _interpret import run_matmul_cases  # noqa: E402
 
-HERE = pathlib.Path(__file__).parent
 
 # weight format -> the quantized activation format it is paired with (besides bf16)
 WEIGHTS = {
@@ -145,13 +140,7 @@ def _batch(case) -> int:
 
 @pytest.fixture(scope="module")
 def results():
-    root = str(HERE.parent)
-    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "_decode_interpret_check.py"), json.dumps(CASES)],
-                          capture_output=True, text=True, env=env, timeout=1200, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return run_matmul_cases(CASES)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[_id(c) for c in CASES])

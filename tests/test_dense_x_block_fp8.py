@@ -6,12 +6,7 @@ two (and once a folded batch), both operand orders, split-K, fp16 activations, b
 """
 
 import dataclasses
-import json
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import pytest
@@ -19,11 +14,11 @@ import pytest
 pytest.importorskip("triton")
 
 import jax_blockscale as jb  # noqa: E402
+from _interpret import run_matmul_cases  # noqa: E402
 from jax_blockscale._triton import block_fp8, dense_x_block_fp8  # noqa: E402
 from jax_blockscale._triton.compile import compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 
-HERE = pathlib.Path(__file__).parent
 
 
 def _cfg(**changes):
@@ -51,13 +46,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def results():
-    root = str(HERE.parent)
-    env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "_decode_interpret_check.py"), json.dumps(CASES)],
-                          capture_output=True, text=True, env=env, timeout=1200, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return run_matmul_cases(CASES)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))
