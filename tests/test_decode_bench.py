@@ -140,3 +140,23 @@ def test_experiment_table_checks_refuses_and_times(monkeypatch, capsys):
     assert "refused: K too wide" in rows["refuses"]
     assert "| wrong |" in rows["wrong"]
     assert "dispatch again" in rows
+
+
+def test_experiment_main_parses_and_routes(monkeypatch):
+    """--sass calls the experiment's sass(configs, formats) with each config parsed; otherwise experiment_table gets
+    one variant per config, built with the first format."""
+    seen = {}
+    bench.experiment_main(["--sass", "--configs", "a1,b2", "--formats", "nvfp4,mxfp4"], "x", shapes="64x512",
+                          formats="mxfp4", configs="z", config_help="", parse=lambda c: c.upper(),
+                          variant=None, sass=lambda configs, fmts: seen.update(configs=configs, fmts=fmts))
+    assert seen == dict(configs=["A1", "B2"], fmts=["nvfp4", "mxfp4"])
+
+    def table(torch, formats, shapes, variants, again):
+        seen.update(formats=formats, shapes=shapes, variants=variants, again=again)
+
+    monkeypatch.setattr(bench, "experiment_table", table)
+    monkeypatch.setattr(bench, "_torch", lambda: None)
+    bench.experiment_main(["--shapes", "64x512,128x256"], "x", shapes="", formats="mxfp4,nvfp4", configs="a1",
+                          config_help="", parse=str, variant=lambda c, fmt: (c, fmt), sass=None, again=False)
+    assert seen["shapes"] == [(64, 512), (128, 256)] and seen["variants"] == [("a1", "mxfp4")]
+    assert seen["formats"] == ["mxfp4", "nvfp4"] and seen["again"] is False
