@@ -117,9 +117,13 @@ def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkey
         assert backends.choose("sm_90", a_kind, b_kind, rows=8192, kernel="upcast").kernel == "upcast"
     # Decode sizes on sm_90, as measured: fp4 weights at 2-16 rows (bf16, MX or nvfp4 activations) take the Gluon
     # decode kernel (bf16 x fp4 up to 64 rows), one row and mxfp8 weights decode.py up to 16 rows; above that
-    # and block FP8 the swapped kernels (the full decode entry stays reachable, opt-in).
+    # and block FP8 the swapped kernels (the full decode entry stays reachable, opt-in). bf16 activations x block
+    # FP8 weights: decode.py's GEMV at one row (its own entry), dense_x_block_fp8 from 2 rows.
     assert [e.opt_in is not None for e in backends.KERNEL_TABLE["sm_90"] if e.module == "decode"] == [
-        False, True]
+        False, False, True]
+    assert backends.choose("sm_90", "bf16", "block_fp8", rows=1).kernel == "decode"
+    assert backends.choose("sm_90", "bf16", "block_fp8", rows=2).kernel == "dense_x_block_fp8"
+    assert backends.choose("sm_90", "bf16", "block_fp8", rows=8192).kernel == "dense_x_block_fp8"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=16).kernel == "decode_wgmma"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=1).kernel == "decode"
     assert backends.choose("sm_90", "nvfp4", "nvfp4", rows=16).kernel == "decode_wgmma"
