@@ -129,9 +129,9 @@ def _checked(x, w, config=None) -> float:
 
 
 def _checked_us(p, xa, ws, cfg, torch) -> tuple[float | None, float]:
-    """(us per call, rel err) of `cfg`'s kernel (decode.py unless it names another) on xa . ws: validated, checked against the
-    reference (fp32 output: only the summation order differs, ~1e-6) before it is timed; us is None when
-    the result is wrong. An invalid config or a compile failure raises."""
+    """(us per call, rel err) of `cfg`'s kernel (decode.py unless it names another) on xa . ws: validated, checked
+    against the reference (fp32 output: only the summation order differs, ~1e-6) before it is timed; us is None
+    when the result is wrong. An invalid config or a compile failure raises."""
     import importlib
 
     importlib.import_module(f"jax_blockscale._triton.{cfg.kernel or 'decode'}").check_config(p, cfg)
@@ -960,13 +960,13 @@ def _fp8_gemv_tile_fields(p) -> dict:
                                                                    split_k=1)
 
 
-def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, candidates: bool = True):
+def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, compare: bool = True):
     """bf16 activations x block FP8 weights (DeepSeek's 128 x 128 tiles): `dense_x_block_fp8` (block_fp8.py's
     kernel on 16-bit activations) at every row count, and at <= 64 rows decode.py's kernel (GEMV at <= 4 rows,
     swapped MMA above; per-128-K scales applied in fp32) at its default config and BF16_BLOCK_VARIANTS, against
     what `jb.matmul` dispatches and XLA's bf16 dot on bf16 weights of the same shape (what the user would run
     without quantizing) and the jnp reference (what dispatch ran for this pair before session 40), beside a
-    same-size read. Every config is checked against the reference (fp32 out). `candidates=False` (--quick): the
+    same-size read. Every config is checked against the reference (fp32 out). `compare=False` (--quick): the
     baselines and dispatch only."""
     from jax_blockscale._triton import decode, dense_x_block_fp8
     from jax_blockscale._triton.problem import GemmProblem
@@ -992,7 +992,7 @@ def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, candidates: bool = Tru
             print(f"| {n} | {k} | {m} | dispatch: {jb.explain(xa, ws[0]).path} {jb.explain(xa, ws[0]).kernel} | - | "
                   f"{disp:.2f} | {wall_us(mm, args):.2f} | {100 * read_us / disp:.0f}% | {base / disp:.2f}x | 1.00x | "
                   f"{_checked(xa, ws[0]):.1e} |", flush=True)
-            if not candidates:
+            if not compare:
                 continue
             p = GemmProblem(1, False, m, n, k, "bf16", "block_fp8", "bf16")
             dense_x = dense_x_block_fp8.default_config(p, "sm_90").replace(kernel="dense_x_block_fp8")
@@ -1039,7 +1039,7 @@ def main(argv=None):
                     help="block FP8 weights: decode_fp8 vs the swapped block_fp8 kernel and cuBLAS blockwise")
     ap.add_argument("--fp8-knobs", action="store_true", help="--fp8 with decode_fp8's neighbouring configs")
     ap.add_argument("--bf16-block", action="store_true",
-                    help="bf16 activations x block FP8 weights: decode.py's kernel vs dispatch and XLA bf16")
+                    help="bf16 activations x block FP8 weights: the kernels vs XLA bf16 and the jnp reference")
     ap.add_argument("--rounds", type=int, default=2, help="--wgmma-knobs, --fp8: interleaved rounds per config")
     ap.add_argument("--pairs", default=None, help="--wgmma(-knobs), --fp8: x:w format pairs, e.g. "
                     "bf16:mxfp8,mxfp8:mxfp4 (default bf16:mxfp4,bf16:nvfp4; --fp8: fp8_block:fp8_block)")
@@ -1054,7 +1054,7 @@ def main(argv=None):
     if args.bf16_block:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         bf16_block_table(torch, shapes, tuple(int(r) for r in args.rows.split(",")) if args.rows else BF16_BLOCK_ROWS,
-                         candidates=not args.quick)
+                         compare=not args.quick)
     elif args.fp8 or args.fp8_knobs:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
         pairs = tuple(_pair(t) for t in args.pairs.split(",")) if args.pairs else FP8_PAIRS[:1]

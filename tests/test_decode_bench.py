@@ -160,3 +160,23 @@ def test_experiment_main_parses_and_routes(monkeypatch):
                           config_help="", parse=str, variant=lambda c, fmt: (c, fmt), sass=None, again=False)
     assert seen["shapes"] == [(64, 512), (128, 256)] and seen["variants"] == [("a1", "mxfp4")]
     assert seen["formats"] == ["mxfp4", "nvfp4"] and seen["again"] is False
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU harness check")
+@pytest.mark.parametrize("compare", [False, True])
+def test_bf16_block_table_runs_on_the_reference(monkeypatch, capsys, compare):
+    """On the CPU every path is the reference (the kernels' forced configs are rows naming their error): the table's
+    baselines, dispatch and candidate rows, per row count."""
+    monkeypatch.setattr(bench, "WEIGHTS", 2)
+    monkeypatch.setattr(bench, "CALLS", 2)
+    bench.bf16_block_table(None, [(256, 512)], rows=(1, 70), compare=compare)
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| 256 |")]
+    labels = [r.split("|")[4].strip() for r in rows]
+    for m in ("1", "70"):
+        mine = [r.split("|")[4].strip() for r in rows if r.split("|")[3].strip() == m]
+        assert mine[:3] == ["XLA bf16", "jnp reference (before)", "dispatch: reference None"], mine
+    if compare:
+        assert "dense_x_block_fp8 default" in labels and "decode default" in labels
+        assert "dense_x_block_fp8 unswapped" in labels        # the large-M variants at 70 rows
+    else:
+        assert len(rows) == 6
