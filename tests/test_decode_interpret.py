@@ -14,14 +14,12 @@ order (1e-5); a few take bf16 output (2 bf16 eps). These cases fail on the two b
 first two's scales) and on any wrong scale index along N or K.
 """
 
-
 import pytest
 
 pytest.importorskip("triton")
 
 from _dispatch import sm90_decode_kernel  # noqa: E402
 from _interpret import run_matmul_cases  # noqa: E402
-
 
 # weight format -> the quantized activation format it is paired with (besides bf16)
 WEIGHTS = {

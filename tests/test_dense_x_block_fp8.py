@@ -20,7 +20,6 @@ from jax_blockscale._triton.compile import compile_kernel  # noqa: E402
 from jax_blockscale._triton.problem import GemmProblem, TileConfig  # noqa: E402
 
 
-
 def _cfg(**changes):
     base = dict(block_m=64, block_n=32, block_k=128, group_m=2, num_warps=4, num_stages=2, split_k=1, swap_ab=True,
                 kernel="dense_x_block_fp8")
