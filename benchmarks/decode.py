@@ -954,10 +954,11 @@ BF16_BLOCK_VARIANTS = (
 
 
 def _fp8_gemv_tile_fields(p) -> dict:
+    """The 8-bit MX weights' GEMV tile for `p` (decode._FP8_GEMV_TILES), or whole 2048-code rows on 8 warps."""
     from jax_blockscale._triton import decode
 
-    return decode._fp8_gemv_tile(p.batch * p.m, p.n, p.k) or dict(block_n=8, block_k=2048, num_warps=8, num_stages=2,
-                                                                   split_k=1)
+    tile = decode._gemv_tile(decode._FP8_GEMV_TILES, p.batch * p.m, p.n, p.k)
+    return dict(tile, split_k=1) if tile else dict(block_n=8, block_k=2048, num_warps=8, num_stages=2, split_k=1)
 
 
 def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, compare: bool = True):

@@ -44,21 +44,10 @@ import jax_blockscale as jb  # noqa: E402
 from jax_blockscale._triton import launch as scratch  # noqa: E402
 from jax_blockscale._triton.decode import _FP4_F32_PTX, tensor_scale_operands  # noqa: E402
 from jax_blockscale._triton.problem import NVFP4  # noqa: E402
+from jax_blockscale._triton.upcast import scales_to_f32  # noqa: E402
 
 KINDS = {"mxfp4": "e2m1", "nvfp4": NVFP4}
 DEFAULT_CONFIGS = "n8:k4096:w8:r2,n8:k4096:w4:r1,n16:k4096:w8:r2,n8:k2048:w4:r1:p,n16:k1024:w4:r1:p"
-
-
-@gluon.jit
-def _scale_f32(raw, W_KIND: gl.constexpr):
-    """The raw scales as fp32: nvfp4's e4m3 converted; e8m0 as 2**(code - 127) from bits (0: the subnormal
-    2**-127, 0xFF: NaN), as `upcast.e8m0_to_f32`."""
-    if W_KIND == "nvfp4":
-        s = raw.to(gl.float32)
-    else:
-        c = raw.to(gl.uint32)
-        s = gl.where(c == 0, 0x00400000, gl.where(c == 0xFF, 0x7FC00000, c << 23)).to(gl.float32, bitcast=True)
-    return s
 
 
 @gluon.jit
@@ -123,7 +112,7 @@ def gemv_gluon_kernel(w_ptr, s_ptr, x_ptr, a_ts_ptr, b_ts_ptr, out_ptr,
         w_lo, w_hi = gl.inline_asm_elementwise(_FP4_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [codes],
                                                dtype=(gl.float32, gl.float32), is_pure=True, pack=4)
         part = gl.sum(w_lo * x_lo[None, :, :], axis=2) + gl.sum(w_hi * x_hi[None, :, :], axis=2)
-        acc += (part * 64.0) * _scale_f32(raw, W_KIND)   # 2**6: what _FP4_F32_PTX's values lack (exact)
+        acc += (part * 64.0) * scales_to_f32(raw, W_KIND)   # 2**6: what _FP4_F32_PTX's values lack (exact)
         if PREFETCH:
             codes = next_codes
             raw = next_raw

@@ -261,6 +261,12 @@ def _abstract(x, side: str, k: int):
     return jax.eval_shape(lambda: quantize_operand(jnp.zeros((1, k), jnp.float32), x, side=side))
 
 
+# explain_all's decode lines: (activations, weights), labelled by the weights alone unless two pairs share them.
+_DECODE_PICKS = (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8_block", "fp8_block"),
+                 ("bf16", "fp8_block"))
+_DECODE_PICK_LABELS = {(a, b): b if [w for _, w in _DECODE_PICKS].count(b) == 1 else f"{a} x {b}"
+                       for a, b in _DECODE_PICKS}
+
 _EXPLAIN_PAIRS = (
     ("mxfp8", "mxfp8"), ("mxfp8_e5m2", "mxfp8_e5m2"), ("mxfp6_e2m3", "mxfp6_e2m3"),
     ("mxfp6_e3m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
@@ -277,12 +283,8 @@ def explain_all(target: Optional[str] = None) -> str:
         c = _explain(a, b, target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
     for rows in (1, 16, backends.DECODE_MAX_ROWS):
-        # weights named alone where their activations are the usual ones; bf16 activations x block FP8 weights
-        # named in full
-        picks = ", ".join(f"{'bf16 x ' if (a, b) == ('bf16', 'fp8_block') else ''}{b}: "
-                          f"{explain(a, b, target=target, rows=rows).kernel or 'reference'}"
-                          for a, b in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp8", "mxfp8"),
-                                       ("fp8_block", "fp8_block"), ("bf16", "fp8_block")))
+        picks = ", ".join(f"{_DECODE_PICK_LABELS[a, b]}: {explain(a, b, target=target, rows=rows).kernel or 'reference'}"
+                          for a, b in _DECODE_PICKS)
         lines.append(f"  {rows:>2} rows x one weight (explain(..., rows=M)): {picks}")
     lines.append("quantization (jb.quantize along the last axis, jb.quantize_with_transpose, the recipes):")
     by_quantizer: dict[str, list[str]] = {}

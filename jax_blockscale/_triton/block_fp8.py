@@ -273,13 +273,19 @@ def with_split_k(p: GemmProblem, base: TileConfig) -> TileConfig:
     return base.replace(split_k=split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
 
 
+def with_swapped_split_k(base: TileConfig, n: int, rows: int, k: int) -> TileConfig:
+    """`base` (swapped: the weight's n rows on the M side, the activation rows on N) with split-K from
+    `split_k_for` for the tiles it gives."""
+    tiles = triton.cdiv(n, base.block_m) * triton.cdiv(rows, base.block_n)
+    return base.replace(split_k=split_k_for(tiles, triton.cdiv(k, base.block_k)))
+
+
 def swapped_decode_config(n: int, rows: int, k: int) -> TileConfig:
     """Hopper decode: the weight's n rows as 64-row MMA tiles, the activation rows (>= 16, wgmma's useful
     minimum here) as the N side, split-K to about two programs per SM."""
     base = TileConfig(block_m=64, block_n=max(16, triton.next_power_of_2(rows)), block_k=128, group_m=1,
                       num_warps=4, num_stages=4, swap_ab=True)
-    tiles = triton.cdiv(n, base.block_m) * triton.cdiv(rows, base.block_n)
-    return base.replace(split_k=split_k_for(tiles, triton.cdiv(k, base.block_k)))
+    return with_swapped_split_k(base, n, rows, k)
 
 
 def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:

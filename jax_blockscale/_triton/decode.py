@@ -532,9 +532,9 @@ _SM90_TUNED["e5m2"] = _SM90_TUNED["e4m3"]
 # where N is short of two programs per SM for 16 rows: 8 rows x 1024 codes on 2 warps (7168 x 7168 14.40 ->
 # 13.43; 4096 x 14336 15.12 -> 14.62). The first entry whose condition and program count hold applies.
 _FP4_GEMV_TILES = (
-    (lambda k: k == 4096, (8, 4096, 8, 2)),
-    (lambda k: k > 4096 and k % 2048 == 0, (16, 1024, 4, 3)),
-    (lambda k: k > 4096 and k % 1024 == 0, (8, 1024, 2, 3)),
+    (lambda rows, k: k == 4096, (8, 4096, 8, 2)),
+    (lambda rows, k: k > 4096 and k % 2048 == 0, (16, 1024, 4, 3)),
+    (lambda rows, k: k > 4096 and k % 1024 == 0, (8, 1024, 2, 3)),
 )
 
 
@@ -560,35 +560,19 @@ _FP8_GEMV_TILES = (
 # against 9.44), 16 rows x 1024 codes on 4 warps beyond (8192 x 8192: 24.00 against 33.50 and the whole-row tile's
 # 37.47 over two K tiles). (block_n, block_k, num_warps, num_stages), no K split, where N leaves a program per SM.
 _BLOCK_FP8_GEMV_TILES = (
-    (lambda k: k in (2048, 4096), (8, None, 8, 2)),   # block_k = K
-    (lambda k: k % 1024 == 0, (16, 1024, 4, 3)),
+    (lambda rows, k: rows == 1 and k in (2048, 4096), (8, None, 8, 2)),   # block_k None: all of K
+    (lambda rows, k: rows == 1 and k % 1024 == 0, (16, 1024, 4, 3)),
 )
 
 
-def _block_fp8_gemv_tile(n: int, k: int) -> dict:
-    """TileConfig fields of the one-row block FP8 GEMV's tile on sm_90 (`_BLOCK_FP8_GEMV_TILES`), or {}."""
-    for applies, (block_n, block_k, warps, stages) in _BLOCK_FP8_GEMV_TILES:
-        if applies(k) and n // block_n >= _TYPICAL_SM_COUNT:
-            return dict(block_m=1, block_n=block_n, block_k=block_k or k, num_warps=warps, num_stages=stages,
-                        split_k=1, group_m=1, gemv=True, prefetch=False)
-    return {}
-
-
-def _fp8_gemv_tile(rows: int, n: int, k: int) -> dict:
-    """TileConfig fields of the 8-bit GEMV's tile for `rows` x (N, K) on sm_90 (`_FP8_GEMV_TILES`), or {} for
-    the table's default (K split 4 ways, for N too short to fill the SMs without one)."""
-    for applies, (block_n, block_k, warps, stages) in _FP8_GEMV_TILES:
-        if applies(rows, k) and n // block_n >= _TYPICAL_SM_COUNT:
-            return dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages, split_k=1)
-    return {}
-
-
-def _fp4_gemv_tile(n: int, k: int) -> dict:
-    """TileConfig fields of the fp4 GEMV's tile for (N, K) on sm_90 (`_FP4_GEMV_TILES`), or {} for the
-    table's default."""
-    for applies, (block_n, block_k, warps, stages) in _FP4_GEMV_TILES:
-        if applies(k) and n // block_n >= 2 * _TYPICAL_SM_COUNT:
-            return dict(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+def _gemv_tile(table, rows: int, n: int, k: int, programs_per_sm: int = 1) -> dict:
+    """TileConfig fields (block_n, block_k, num_warps, num_stages) of the first entry of a GEMV tile table
+    (`_FP4_GEMV_TILES`, `_FP8_GEMV_TILES`, `_BLOCK_FP8_GEMV_TILES`: (condition on rows and K, (block_n, block_k or
+    None for all of K, warps, stages))) whose condition holds and whose rows leave N at least `programs_per_sm`
+    programs per SM; {} where none does (the caller's default)."""
+    for applies, (block_n, block_k, warps, stages) in table:
+        if applies(rows, k) and n // block_n >= programs_per_sm * _TYPICAL_SM_COUNT:
+            return dict(block_n=block_n, block_k=block_k or k, num_warps=warps, num_stages=stages)
     return {}
 
 
@@ -600,9 +584,12 @@ def _tuned(p: GemmProblem, rows: int, target: str) -> TileConfig | None:
     fields = dict(_SM90_TUNED[p.b_kind][0 if gemv else 1])
     if gemv:
         if p.b_kind in ("e2m1", NVFP4):
-            fields.update(_fp4_gemv_tile(p.n, p.k))
+            fields.update(_gemv_tile(_FP4_GEMV_TILES, rows, p.n, p.k, programs_per_sm=2))
         else:
-            fields.update(_fp8_gemv_tile(rows, p.n, p.k))
+            # where no tile applies, the table's default (K split 4 ways, for N too short to fill the SMs)
+            tile = _gemv_tile(_FP8_GEMV_TILES, rows, p.n, p.k)
+            if tile:
+                fields.update(tile, split_k=1)
         # K not a multiple of the tuned block_k (K = 7168 = 7 * 1024): the same tile bytes as more, shorter
         # rows. Without this, K = 7168 fell to the heuristic config at 44% of a same-size read (H100,
         # 2026-11-22, mxfp4 N=7168: 23.6 us against 10.4; `block_k` 1024 with 16 rows kept 69% at K = 4096).
@@ -630,10 +617,10 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     tuned = _tuned(p, rows, target)
     if tuned is not None:
         return tuned
-    if target == "sm_90" and p.b_kind == BLOCK_FP8 and p.a_kind == "bf16" and rows == 1:
-        fields = _block_fp8_gemv_tile(p.n, p.k)
+    if target == "sm_90" and (p.a_kind, p.b_kind) == ("bf16", BLOCK_FP8):
+        fields = _gemv_tile(_BLOCK_FP8_GEMV_TILES, rows, p.n, p.k)
         if fields:
-            return TileConfig(**fields)
+            return TileConfig(block_m=1, group_m=1, split_k=1, gemv=True, prefetch=False, **fields)
     if rows <= _FMA_MAX_ROWS:
         return gemv_config(p, asm=target.startswith("sm_"))
     block_n = 64

@@ -15,7 +15,6 @@ registers, where as B it would go back through shared memory.
 from __future__ import annotations
 
 import jax
-import triton
 
 from . import block_fp8
 from .problem import BLOCK_FP8, GemmProblem, TileConfig
@@ -41,8 +40,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     base = TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3,
                       swap_ab=not p.b_batched)
     if base.swap_ab:
-        tiles = triton.cdiv(p.n, base.block_m) * triton.cdiv(rows, base.block_n)
-        return base.replace(split_k=block_fp8.split_k_for(tiles, triton.cdiv(p.k, base.block_k)))
+        return block_fp8.with_swapped_split_k(base, p.n, rows, p.k)
     return block_fp8.with_split_k(p, base)
 
 
