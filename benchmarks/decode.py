@@ -833,6 +833,12 @@ def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
                  for bk, st in ((128, 6), (256, 3), (256, 4), (512, 2), (512, 3))]
         cands += [base.replace(split_k=2), base.replace(split_k=4), base.replace(block_k=256, num_stages=3, split_k=4),
                   base.replace(num_sms=base.num_sms // 2), base.replace(block_m=8)]
+        # deeper rings on one program per SM (where the tiles number fewer than the SMs, the second is idle)
+        cands += [base.replace(block_k=bk, num_stages=st, num_sms=132)
+                  for bk, st in ((256, 5), (256, 6), (512, 3), (512, 4), (512, 5))]
+        # two warp groups, each on half the activation rows
+        cands += [base.replace(num_warps=8), base.replace(num_warps=8, block_k=512, num_stages=3),
+                  base.replace(num_warps=8, block_k=256, num_stages=4)]
         for cfg in cands:
             try:
                 decode_fp8.check_config(p, cfg)
@@ -844,7 +850,7 @@ def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
 
 
 def _fp8_desc(cfg) -> str:
-    return (f"m{cfg.block_m} k{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k} p{cfg.num_sms}"
+    return (f"m{cfg.block_m} k{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k} p{cfg.num_sms} w{cfg.num_warps}"
             + (" atomic" if cfg.atomic_split_k else ""))
 
 
@@ -865,6 +871,21 @@ def previous_path(p, target: str = "sm_90") -> tuple[str, "TileConfig"]:
             cfg = configs.select(entry.module, mod, p, target, jax.devices()[0].device_kind)
             return entry.module, cfg.replace(kernel=entry.module)
     raise ValueError(f"no other sm_90 kernel for {p.a_kind} x {p.b_kind} at {rows} rows")
+
+
+def block_gemv_configs(p) -> list[tuple[str, "TileConfig"]]:
+    """At <= 2 rows of block FP8 x block FP8: decode.py's GEMV on the one-row block FP8 tile
+    (`decode._BLOCK_FP8_GEMV_TILES`, tuned for bf16 activations), the activation rows in one program."""
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import TileConfig
+
+    rows = p.batch * p.m
+    tile = decode._gemv_tile(decode._BLOCK_FP8_GEMV_TILES, 1, p.n, p.k) if rows <= 2 else {}
+    if not tile:
+        return []
+    cfg = TileConfig(block_m=1 << (rows - 1).bit_length(), group_m=1, split_k=1, gemv=True, prefetch=False,
+                     kernel="decode", **tile)
+    return [(f"decode GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}", cfg)]
 
 
 def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2, pairs=FP8_PAIRS[:1]):
@@ -901,7 +922,7 @@ def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2
                     base_label = "cuBLAS blockwise"
                     base = _cublas_blockwise_us(torch, xa, ws) if torch is not None else None
                     old = block_fp8.default_config(p, "sm_90").replace(kernel="block_fp8")
-                    prev = [(f"block_fp8 swapped sp{old.split_k}", old)]
+                    prev = [(f"block_fp8 swapped sp{old.split_k}", old)] + block_gemv_configs(p)
                 else:
                     base_label = "XLA bf16"
                     if bf16_ws is None:

@@ -101,11 +101,14 @@ def test_8bit_gemv_tiles_as_dispatched(fa, fb, m, n, k):
     _check(a, b, jnp.float32)
 
 
-@pytest.mark.parametrize("n,k", [(1536, 2048), (7168, 4096), (2112, 8192), (1024, 4096)])
-def test_block_fp8_gemv_tiles_as_dispatched(n, k):
-    """bf16 activations x block FP8 weights at one row (decode._BLOCK_FP8_GEMV_TILES: whole 2048- / 4096-code rows
-    on 8 warps, 16 x 1024 codes beyond, the heuristic tile where N is short), on the shapes that pick them."""
-    a, b = _operands("bf16", "fp8_block", 1, n, k, seed=n + k)
+@pytest.mark.parametrize("fa,n,k", [("bf16", 1536, 2048), ("bf16", 7168, 4096), ("bf16", 2112, 8192),
+                                    ("bf16", 1024, 4096), ("fp8_block", 7168, 4096), ("fp8_block", 2112, 8192),
+                                    ("fp8_block", 7168, 2048)])
+def test_block_fp8_gemv_tiles_as_dispatched(fa, n, k):
+    """bf16 or block FP8 activations x block FP8 weights at one row (decode._BLOCK_FP8_GEMV_TILES: whole 2048- /
+    4096-code rows on 8 warps, 16 x 1024 codes beyond; for bf16 the heuristic tile where N is short), on the shapes
+    that pick them."""
+    a, b = _operands(fa, "fp8_block", 1, n, k, seed=n + k)
     assert jb.explain(a, b).kernel == "decode"
     _check(a, b, jnp.float32)
     _check(a, b, jnp.bfloat16)

@@ -52,7 +52,8 @@ def _config(m, n, k, formats=("fp8_block", "fp8_block"), **changes) -> TileConfi
     return decode_fp8.default_config(p).replace(**changes)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 7168, 4096), (16, 7168, 2048), (17, 2112, 7168), (64, 4096, 1024),
+# one row with K a multiple of 1024 and N >= 2112 takes decode.py's GEMV (tests/test_gpu_decode.py)
+@pytest.mark.parametrize("m,n,k", [(1, 7168, 1536), (1, 1024, 4096), (2, 7168, 4096), (16, 7168, 2048), (17, 2112, 7168), (64, 4096, 1024),
                                    (5, 200, 384), (33, 96, 128)])
 def test_as_dispatched(m, n, k):
     a, b = _operands(m, n, k)
@@ -68,6 +69,9 @@ def test_as_dispatched(m, n, k):
     # a few persistent programs, each streaming several work items through one ring
     dict(num_sms=3), dict(num_sms=5, block_k=128, split_k=4, num_stages=3), dict(block_k=256, num_stages=3),
     dict(block_k=512, num_stages=2, num_sms=7), dict(num_sms=2, block_k=256, split_k=2, atomic_split_k=True),
+    # two warp groups, each on half the padded activation rows
+    dict(num_warps=8, block_m=64), dict(num_warps=8, block_m=16, num_sms=3),
+    dict(num_warps=8, block_m=32, block_k=128, split_k=4), dict(num_warps=8, block_k=128, split_k=8, atomic_split_k=True),
 ])
 def test_every_knob(changes):
     m, n, k = 9, 448, 2048
@@ -135,6 +139,7 @@ def test_mx_as_dispatched(formats, m, n, k):
     dict(block_k=128, split_k=4), dict(block_k=256, split_k=2, atomic_split_k=True), dict(num_sms=3),
     dict(block_m=64, block_k=128, num_stages=4), dict(block_k=512, num_stages=3, num_sms=5), dict(block_m=8),
     dict(block_m=32, block_k=256, num_stages=3, split_k=2, num_sms=4),
+    dict(num_warps=8, block_m=64, block_k=128, num_stages=4), dict(num_warps=8, block_m=16, split_k=2, num_sms=3),
 ])
 def test_mx_knobs(changes):
     m, n, k, formats = 7, 320, 2048, ("mxfp8", "mxfp8")

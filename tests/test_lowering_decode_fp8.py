@@ -31,13 +31,25 @@ def _problem(m=16, n=7168, k=4096):
     return GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
 
 
-@pytest.mark.parametrize("target,rows,want", [
-    ("sm_90", 1, "decode_fp8"), ("sm_90", 16, "decode_fp8"), ("sm_90", 64, "decode_fp8"),
-    ("sm_90", 65, "block_fp8"),      # 65-256 rows: the TMA kernel (block_fp8 with tma=True)
-    ("sm_100", 16, "decode"),        # wgmma is Hopper's; Blackwell keeps decode.py's tcgen05 path
+@pytest.mark.parametrize("target,rows,n,k,want", [
+    ("sm_90", 16, 7168, 4096, "decode_fp8"), ("sm_90", 64, 7168, 4096, "decode_fp8"),
+    ("sm_90", 2, 7168, 4096, "decode_fp8"),
+    # one row: decode.py's GEMV on whole weight rows where its measured tiles apply (K a multiple of 1024, N at
+    # least a program per SM), decode_fp8 elsewhere
+    ("sm_90", 1, 7168, 4096, "decode"), ("sm_90", 1, 28672, 8192, "decode"),
+    ("sm_90", 1, 7168, 1536, "decode_fp8"), ("sm_90", 1, 1024, 4096, "decode_fp8"),
+    ("sm_90", 65, 7168, 4096, "block_fp8"),      # 65-256 rows: the TMA kernel (block_fp8 with tma=True)
+    ("sm_100", 16, 7168, 4096, "decode"),        # wgmma is Hopper's; Blackwell keeps decode.py's tcgen05 path
 ])
-def test_dispatch(target, rows, want):
-    assert backends.choose(target, "block_fp8", "block_fp8", rows=rows, n=7168, k=4096).kernel == want
+def test_dispatch(target, rows, n, k, want):
+    assert backends.choose(target, "block_fp8", "block_fp8", rows=rows, n=n, k=k).kernel == want
+
+
+def test_one_block_fp8_row_takes_the_whole_row_gemv_tile():
+    from jax_blockscale._triton import decode
+
+    cfg = decode.default_config(GemmProblem(1, False, 1, 7168, 4096, "block_fp8", "block_fp8", "bf16"))
+    assert (cfg.gemv, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.split_k) == (True, 8, 4096, 8, 1)
 
 
 def test_a_callers_own_config_skips_it_and_naming_it_reaches_it():
@@ -70,9 +82,11 @@ def test_default_config(m, k, block_m, block_k, stages):
     (dict(num_stages=1), "num_stages"),
     (dict(num_stages=5), "shared memory"),                     # 5 x (64 + 32) x 512 bytes
     (dict(num_sms=0), "num_sms"),
+    (dict(num_warps=2), "4-warp group"),
+    (dict(num_warps=8, block_m=8), "block_m >= 16"),
 ])
 def test_check_config_refuses_before_any_compute(changes, match):
-    p = _problem(m=17)
+    p = _problem(m=17 if changes.get("block_m") != 8 else 5)
     with pytest.raises(ValueError, match=match):
         df.check_config(p, df.default_config(p).replace(**changes))
 
@@ -85,15 +99,17 @@ def test_check_config_refuses_other_problems():
                         df.default_config(_problem()))
 
 
-@pytest.mark.parametrize("bm,boxes,split", [(16, 4, 1), (32, 4, 1), (64, 2, 2)])
-def test_compiled_kernel_streams_by_tma_into_fp8_wgmma(bm, boxes, split):
-    c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=SIGNATURE, num_warps=4, num_stages=2,
+@pytest.mark.parametrize("bm,boxes,split,warps", [(16, 4, 1, 4), (32, 4, 1, 4), (64, 2, 2, 4), (64, 2, 1, 8),
+                                                   (16, 4, 2, 8)])
+def test_compiled_kernel_streams_by_tma_into_fp8_wgmma(bm, boxes, split, warps):
+    c = compile_kernel(df.decode_fp8_kernel, target="sm_90", signature=SIGNATURE, num_warps=warps, num_stages=2,
                        constexprs=dict(M=bm - 3, N=7168, K=4096, BM=bm, BOXES=boxes, SPLIT_K=split, STAGES=2,
                                        PROGRAMS=264, ATOMIC=False))
     ptx = c.asm["ptx"]
-    # the codes multiply as they are: fp8 wgmma with both operands from shared memory (descriptors)
+    # the codes multiply as they are: fp8 wgmma with both operands from shared memory (descriptors); 8 warps: two
+    # warp groups, each on half the activation rows
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.\S+", ptx)) == {
-        f"wgmma.mma_async.sync.aligned.m64n{bm}k32.f32.e4m3.e4m3"}
+        f"wgmma.mma_async.sync.aligned.m64n{bm * 4 // warps}k32.f32.e4m3.e4m3"}
     assert not re.search(r"wgmma\.mma_async[^;]*\{[^}]*\},\s*\{", ptx)  # no A operand from registers
     # weight and activations by TMA into the ring (one weight and one activation box per 128-wide K block)
     assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier") == 2 * boxes * 2  # prologue+loop

@@ -118,10 +118,12 @@ def test_dispatch_is_opt_in_and_when_on_takes_hopper_mx_above_decode_rows(monkey
     # Decode sizes on sm_90, as measured: fp4 weights at 2-16 rows (bf16, MX or nvfp4 activations) take the Gluon
     # decode kernel (bf16 x fp4 up to 64 rows), one row and mxfp8 weights decode.py up to 16 rows; above that
     # and block FP8 the swapped kernels (the full decode entry stays reachable, opt-in). bf16 activations x block
-    # FP8 weights: decode.py's GEMV at one row (its own entry), dense_x_block_fp8 from 2 rows.
+    # FP8 weights: decode.py's GEMV at one row (its own entry), dense_x_block_fp8 from 2 rows; block FP8 activations
+    # take the GEMV at one row (another entry) where its measured tiles apply.
     assert [e.opt_in is not None for e in backends.KERNEL_TABLE["sm_90"] if e.module == "decode"] == [
-        False, False, True]
+        False, False, False, True]
     assert backends.choose("sm_90", "bf16", "block_fp8", rows=1).kernel == "decode"
+    assert backends.choose("sm_90", "block_fp8", "block_fp8", rows=1, n=7168, k=4096).kernel == "decode"
     assert backends.choose("sm_90", "bf16", "block_fp8", rows=2).kernel == "dense_x_block_fp8"
     assert backends.choose("sm_90", "bf16", "block_fp8", rows=8192).kernel == "dense_x_block_fp8"
     assert backends.choose("sm_90", "bf16", "nvfp4", rows=16).kernel == "decode_wgmma"

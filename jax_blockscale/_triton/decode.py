@@ -617,7 +617,7 @@ def default_config(p: GemmProblem, target: str = "sm_90") -> TileConfig:
     tuned = _tuned(p, rows, target)
     if tuned is not None:
         return tuned
-    if target == "sm_90" and (p.a_kind, p.b_kind) == ("bf16", BLOCK_FP8):
+    if target == "sm_90" and p.b_kind == BLOCK_FP8:
         fields = _gemv_tile(_BLOCK_FP8_GEMV_TILES, rows, p.n, p.k)
         if fields:
             return TileConfig(block_m=1, group_m=1, split_k=1, gemv=True, prefetch=False, **fields)
