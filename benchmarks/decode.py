@@ -836,9 +836,6 @@ def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
         # deeper rings on one program per SM (where the tiles number fewer than the SMs, the second is idle)
         cands += [base.replace(block_k=bk, num_stages=st, num_sms=132)
                   for bk, st in ((256, 5), (256, 6), (512, 3), (512, 4), (512, 5))]
-        # two warp groups, each on half the activation rows
-        cands += [base.replace(num_warps=8), base.replace(num_warps=8, block_k=512, num_stages=3),
-                  base.replace(num_warps=8, block_k=256, num_stages=4)]
         for cfg in cands:
             try:
                 decode_fp8.check_config(p, cfg)
@@ -850,7 +847,7 @@ def fp8_knob_configs(p, knobs: bool) -> list[tuple[str, "TileConfig"]]:
 
 
 def _fp8_desc(cfg) -> str:
-    return (f"m{cfg.block_m} k{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k} p{cfg.num_sms} w{cfg.num_warps}"
+    return (f"m{cfg.block_m} k{cfg.block_k} st{cfg.num_stages} sp{cfg.split_k} p{cfg.num_sms}"
             + (" atomic" if cfg.atomic_split_k else ""))
 
 

@@ -117,7 +117,7 @@ def _stage_x_scales(x_scale_ptr, xs_smem, M: gl.constexpr, BM: gl.constexpr, SCA
     # Groups per staging chunk: a power of two dividing SCALE_K (K is a multiple of 128: SCALE_K of 4).
     CH: gl.constexpr = 128 if SCALE_K % 128 == 0 else 64 if SCALE_K % 64 == 0 else 32 if SCALE_K % 32 == 0 else (
         16 if SCALE_K % 16 == 0 else 8 if SCALE_K % 8 == 0 else 4)
-    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+    L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
     g = gl.arange(0, CH, layout=gl.SliceLayout(1, L))
     c = gl.arange(0, BM, layout=gl.SliceLayout(0, L))
     for g0 in gl.static_range(0, SCALE_K, CH):
@@ -172,11 +172,7 @@ def decode_fp8_kernel(w_ptr, w_scale_ptr, x_ptr, x_scale_ptr, a_ts_ptr, b_ts_ptr
     NKB: gl.constexpr = K // 128 // SPLIT_K  # 128-wide K blocks per item
     NSTEP: gl.constexpr = NKB // BOXES      # ring steps per item
     N_TILES: gl.constexpr = (N + R - 1) // R
-    # One warp group on all BM columns, or (8 warps) two, each on half of them: half the wgmma chain and the
-    # promotion per warp group and 128-wide block, the weight's ring slot shared.
-    WN: gl.constexpr = gl.num_warps() // 4
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WN],
-                                                  instr_shape=[16, BM // WN, 32])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 32])
     W_T: gl.constexpr = w_ptr.dtype.element_ty  # e4m3 or (MX) e5m2: wgmma takes either on either side
     X_T: gl.constexpr = x_ptr.dtype.element_ty
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, 128], W_T)
@@ -291,12 +287,9 @@ def check_config(p: GemmProblem, config: TileConfig) -> None:
     if p.k % SCALE_GROUP:
         raise ValueError(f"the fp8 decode kernel needs K padded to a multiple of 128 (its TMA boxes), got K={p.k}")
     check_rows_and_k_steps(p, config, "the fp8 decode kernel", BLOCK_MS, BLOCK_KS, "the K one ring slot holds")
-    if config.block_n != TILE_ROWS or config.num_warps not in (4, 8):
-        raise ValueError(f"the fp8 decode kernel runs 64 weight rows on one 4-warp group (or two, 8 warps, each on "
-                         f"half the activation rows), got block_n={config.block_n}, num_warps={config.num_warps}")
-    if config.num_warps == 8 and config.block_m < 16:
-        raise ValueError(f"8 warps split the padded activation rows in two wgmma N sides of >= 8: block_m >= 16, "
-                         f"got {config.block_m}")
+    if config.block_n != TILE_ROWS or config.num_warps != 4:
+        raise ValueError(f"the fp8 decode kernel runs 64 weight rows on one 4-warp group, got "
+                         f"block_n={config.block_n}, num_warps={config.num_warps}")
     if config.num_stages < 2:
         raise ValueError(f"num_stages (the ring's slots) must be >= 2, got {config.num_stages}")
     if config.num_sms < 1:
@@ -346,7 +339,7 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
         out_shape=[jax.ShapeDtypeStruct((rows, p.n), OUT_DTYPES[p.out_dtype]),
                    jax.ShapeDtypeStruct(ws_shape, jnp.float32),
                    jax.ShapeDtypeStruct((n_tiles if config.split_k > 1 else 1,), jnp.int32)],
-        zeroed_outputs=zeroed, grid=(programs,), num_warps=config.num_warps, num_stages=config.num_stages,
+        zeroed_outputs=zeroed, grid=(programs,), num_warps=4, num_stages=config.num_stages,
         compute_capability=compute_capability, name="decode_fp8", M=rows, N=p.n, K=p.k, BM=config.block_m,
         BOXES=config.block_k // SCALE_GROUP, SPLIT_K=config.split_k, STAGES=config.num_stages, PROGRAMS=programs,
         ATOMIC=bool(config.atomic_split_k),
