@@ -1019,6 +1019,9 @@ def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, compare: bool = True):
             if m > 64:
                 candidates.append(("dense_x_block_fp8 unswapped", dense_x.replace(swap_ab=False, split_k=1)))
                 candidates.append(("dense_x_block_fp8 st4", dense_x.replace(num_stages=4)))
+                candidates.append(("dense_x_block_fp8 widened first", dense_x.replace(widen_first=True)))
+                candidates.append(("dense_x_block_fp8 widened first, unswapped",
+                                   dense_x.replace(widen_first=True, swap_ab=False, split_k=1)))
             else:
                 default = decode.default_config(p, "sm_90").replace(kernel="decode")
                 candidates += [("decode default", default)] + [
@@ -1026,7 +1029,8 @@ def bf16_block_table(torch, shapes, rows=BF16_BLOCK_ROWS, compare: bool = True):
                     if applies(m)]
             for label, cfg in candidates:
                 desc = (f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} "
-                        f"st{cfg.num_stages}" + (" gemv" if cfg.gemv else "") + (" swap" if cfg.swap_ab else ""))
+                        f"st{cfg.num_stages}" + (" gemv" if cfg.gemv else "") + (" swap" if cfg.swap_ab else "")
+                        + (" widen" if cfg.widen_first else ""))
                 try:
                     us, err = _checked_us(p, xa, ws, cfg, torch)
                 except Exception as e:  # noqa: BLE001 - a config that fails is a row, not a stop

@@ -112,14 +112,17 @@ _DECODE_WHY = ("decode (<= 64 rows, one weight): the weight streamed in 128-byte
 # 16-bit activations x block FP8 weights (_triton/dense_x_block_fp8.py): before it, the jnp reference.
 _DENSE_X_BLOCK_FP8 = frozenset({("bf16", BLOCK_FP8), ("fp16", BLOCK_FP8)})
 _DENSE_X_BLOCK_FP8_WHY = ("the block FP8 kernel on 16-bit activations: the weight's e4m3 codes widened in registers "
-                          "(exact), a 16-bit MMA per 128-K step, promoted in fp32 with the weight tile's scale; the "
-                          "weight as the MMA's M side")
-# Measured on an H200 (2026-12-02, kernel time, benchmarks/results/bf16_block_fp8_h200_2026-12-02_session40.md): at
-# 2-64 rows 0.86-1.25x XLA's bf16 dot and 4.7-7.4x the jnp reference that ran before; decode.py's swapped MMA ran
-# 0.91-1.05x its speed at 16-64 rows and its GEMV 0.63-0.79x at 4; at 256 and 4096 rows 0.40-0.45x XLA's bf16 dot,
-# 5.1-6.3x the reference; one row takes decode.py's GEMV (below).
-_DENSE_X_BLOCK_FP8_MEASURED = (" (H200: 0.86-1.25x XLA's bf16 dot at 2-64 rows, 0.40-0.45x at 256-4096; 4.7-7.4x "
-                               "the jnp reference that ran before)")
+                          "(exact; on sm_90 from 2048 rows by XLA before the kernel), a 16-bit MMA per 128-K step, "
+                          "promoted in fp32 with the weight tile's scale; the weight as the MMA's M side")
+# Measured on an H200 (2026-12-02, kernel time; benchmarks/results/bf16_block_fp8_h200_2026-12-02_session40.md, and
+# session 41's decode_block_fp8_h200_2026-12-02_session41.md after the widening stopped using the conversion pipe and
+# from 2048 rows moved before the kernel): at 16 / 64 rows 1.37-1.51x / 1.08-1.20x XLA's bf16 dot (session 40:
+# 0.97-1.18x / 0.86-1.00x) and 5-7x the jnp reference that ran before; decode.py's swapped MMA 0.78-0.81x its speed
+# there; at 256-1024 rows 0.50-0.57x XLA's bf16 dot, at 4096 rows 0.61-0.68x (session 40: 0.40-0.45x). One row takes
+# decode.py's GEMV (below).
+_DENSE_X_BLOCK_FP8_MEASURED = (" (H200: 1.08-1.51x XLA's bf16 dot at 16-64 rows, 0.50-0.57x at 256-1024, 0.61-0.68x at "
+                               "4096, 0.93-1.07x at 2 rows before the widening change; 5-7x the jnp reference that ran "
+                               "before)")
 
 # The persistent block FP8 kernel (_triton/block_fp8_persistent.py) from these sizes (activation rows, N,
 # K): below them a problem has about as few 128 x 128 tiles as the H100 has SMs, so a persistent loop has
@@ -251,8 +254,9 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                     opt_in="slower than the kernels below on an H100 for these pairs (2026-11-22): block FP8 "
                            "weights (13.5 / 21.1 / 38.2 us at M = 1 / 16 / 64 vs block_fp8's 13.9 / 14.0 / "
                            "16.5), fp4 and mxfp8 weights above 16 rows; fp6 weights unmeasured; with bf16 "
-                           "activations x block FP8 weights 0.63-0.79x dense_x_block_fp8 at 4 rows, 0.91-1.05x at "
-                           "16-64 (H200, 2026-12-02; its one-row GEMV has the entry above)"),
+                           "activations x block FP8 weights 0.63-0.79x dense_x_block_fp8 at 4 rows (session 40), "
+                           "0.78-0.81x at 16-64 (session 41; H200, 2026-12-02; its one-row GEMV has an entry above, "
+                           "for block FP8 activations too)"),
         KernelEntry("block_fp8_gluon", _BLOCK_FP8_PAIR, "native",
                     "persistent, warp-specialized Gluon kernel: a TMA loader warp and two consumer warp groups "
                     "taking turns, so one promotes (fp32, per 128-K block) while the other's fp8 wgmma runs; "

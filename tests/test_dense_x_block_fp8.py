@@ -36,6 +36,11 @@ CASES = [
          config=_cfg(block_n=16)),
     dict(fa="bf16", fb="fp8_block", batch=[], m=20, n=150, k=700, seed=5, out_dtype="bfloat16",
          config=_cfg(block_m=256, block_n=16, swap_ab=True)),
+    # the weight widened to the activations' type by XLA before the kernel, both operand orders
+    dict(fa="bf16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=7, out_dtype="float32",
+         config=_cfg(block_m=64, block_n=64, widen_first=True)),
+    dict(fa="fp16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=8, out_dtype="bfloat16",
+         config=_cfg(block_m=32, block_n=64, swap_ab=False, split_k=2, widen_first=True)),
     # the default configuration (swapped decode tiles at 3 rows, split-K), named so the kernel runs here
     dict(fa="bf16", fb="fp8_block", batch=[], m=3, n=150, k=700, seed=6, out_dtype="float32",
          config=dataclasses.asdict(dense_x_block_fp8.default_config(
@@ -96,6 +101,36 @@ def test_hopper_takes_the_widened_weight_as_wgmma_register_operand():
     mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\S)", ptx)
     assert mma and set(mma) == {"{"}, mma        # A from registers, not a shared-memory descriptor
     assert "cp.async" in ptx and "e4m3" in ptx   # pipelined loads; the codes widened in registers
+
+
+def test_hopper_widens_to_bf16_without_the_conversion_pipe():
+    # e4m3 -> bf16 by way of fp16 and fp32 (block_fp8.widen_codes): Triton's direct route converts f16 -> bf16 one
+    # element at a time with F2F, on the slow conversion pipe (1.27x slower at 4096 rows on the H200)
+    from benchmarks._sass import disassemble
+
+    sass = disassemble(_compile("sm_90", swap=True).asm["cubin"], "cuobjdump")
+    assert re.search(r"\bF2FP\b", sass) and re.search(r"\bHADD2\.F32\b", sass)
+    assert not re.search(r"\bF2F\.", sass)
+
+
+@pytest.mark.parametrize("target,rows,widen", [("sm_90", 2048, True), ("sm_90", 1024, False), ("sm_100", 4096, False),
+                                               ("gfx950", 4096, False)])
+def test_hopper_widens_the_codes_first_from_2048_rows(target, rows, widen):
+    p = GemmProblem(1, False, rows, 7168, 4096, "bf16", "block_fp8", "bf16")
+    assert dense_x_block_fp8.WIDEN_FIRST_ROWS == 2048
+    assert dense_x_block_fp8.default_config(p, target).widen_first == widen
+
+
+def test_codes_widened_first_reach_wgmma_from_shared_memory_with_no_conversion():
+    sig = dict(a_ptr="*bf16", a_scale_ptr="*fp32", b_ptr="*bf16", b_scale_ptr="*bf16", alpha_ptr="*fp32",
+               out_ptr="*bf16")
+    constexprs = dict(M=7168, N=4096, K=4096, BATCHES=1, B_BATCHED=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128,
+                      GROUP_M=8, SPLIT_K=1, WIDE=False, OUT_T=True, X_DENSE=True, **block_fp8.kernel_constexprs(True))
+    ptx = compile_kernel(block_fp8.block_fp8_kernel, target="sm_90", signature=sig, constexprs=constexprs,
+                         num_warps=8, num_stages=3).asm["ptx"]
+    mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*(\S)", ptx)
+    assert mma and "{" not in set(mma), mma       # A by shared-memory descriptor
+    assert "e4m3" not in ptx and "cvt.f32.f16" not in ptx
 
 
 def test_hopper_fp16_activations_run_an_fp16_wgmma():

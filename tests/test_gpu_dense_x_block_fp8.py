@@ -46,17 +46,29 @@ def test_activation_and_output_types(dense_x, capability, x, out):
     check(dense_x, problem(1, False, 200, 300, 512, x, out), capability)
 
 
+@pytest.mark.parametrize("x", ["bf16", "fp16"])
+def test_widened_first_at_large_m(dense_x, capability, x):
+    p = problem(1, False, 2100, 600, 1024, x)
+    assert dense_x.default_config(p).widen_first
+    check(dense_x, p, capability)
+
+
 @pytest.mark.parametrize("config", [
     TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3, swap_ab=False),
     TileConfig(block_m=64, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=4, swap_ab=True, split_k=3),
     TileConfig(block_m=256, block_n=64, block_k=128, group_m=8, num_warps=8, num_stages=2, swap_ab=True),
     TileConfig(block_m=64, block_n=16, block_k=64, group_m=1, num_warps=4, num_stages=4, swap_ab=True, split_k=2),
+    # the codes widened by XLA before the kernel (the default from 2048 rows on sm_90), both operand orders
+    TileConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3, swap_ab=True,
+               widen_first=True),
+    TileConfig(block_m=64, block_n=128, block_k=128, group_m=4, num_warps=4, num_stages=3, swap_ab=False, split_k=2,
+               widen_first=True),
 ])
 def test_configs(dense_x, capability, config):
     check(dense_x, problem(1, False, 37, 700, 1024), capability, config)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16, 64, 256])
+@pytest.mark.parametrize("rows", [1, 4, 16, 64, 256, 2048])
 def test_matmul_as_dispatched(capability, rows):
     import jax_blockscale as jb
 

@@ -95,7 +95,9 @@ def widen_codes(codes, dtype: tl.constexpr):
     (16 lanes per SM and clock: ~1,000 cycles per 128 x 128 tile on 8 warps, about the tile's wgmma time);
     f16 -> f32 is an FMA-pipe HADD2.F32 and f32 -> bf16 a packing F2FP. Every step is exact: each e4m3 value
     (NaN and zero included) is an fp16, fp32 and bf16 value."""
-    if dtype == tl.bfloat16:
+    if codes.dtype == dtype:   # widened before the kernel (TileConfig.widen_first)
+        out = codes
+    elif dtype == tl.bfloat16:
         out = codes.to(tl.float16).to(tl.float32).to(tl.bfloat16)
     else:
         out = codes.to(dtype)
@@ -226,7 +228,7 @@ def split_k_for(tiles: int, k_tiles: int, *, min_k_tiles_per_split: int = 4) -> 
 
 
 def run_gemm(kernel, p: GemmProblem, a_values, a_scales, b_values, b_scales, alpha, *, config: TileConfig,
-             compute_capability: int, name: str, **constexprs) -> jax.Array:
+             compute_capability: int, name: str, widen_b=None, **constexprs) -> jax.Array:
     """Folds the batch, launches `kernel` (signature: the five operands, out, then constexprs M, N, K,
     BATCHES, B_BATCHED, BLOCK_*, GROUP_M, SPLIT_K, WIDE, OUT_T and `constexprs`), reduces split-K partials.
 
@@ -234,8 +236,11 @@ def run_gemm(kernel, p: GemmProblem, a_values, a_scales, b_values, b_scales, alp
     b @ a.T and stores it transposed: the weight's N rows become the MMA's M side, whose smallest wgmma
     tile is 64, while the few activation rows fill the N side, whose tiles go down to 8 (Hopper) — no
     tensor-core work is spent on padding rows. The caller's `constexprs` must describe the swapped roles.
+    `widen_b`: a dtype the checked b values are converted to (by XLA) before the launch.
     """
     check_operands(p, a_values, a_scales, b_values, b_scales)
+    if widen_b is not None:
+        b_values = b_values.astype(widen_b)
     batches, rows, a_values, a_scales = fold_batch(p, a_values, a_scales)
     out_dtype = OUT_DTYPES[p.out_dtype]
     split = config.split_k

@@ -135,6 +135,10 @@ class TileConfig:
     # Hopper MX GEMM variants (hopper_mx.py; ignored elsewhere): fp8 wgmma with one promotion per MX block
     # (mxfp8 x mxfp8 only) instead of decoding to bf16.
     fp8_mma: bool = False
+    # 16-bit activations x block FP8 weights (dense_x_block_fp8.py; ignored elsewhere): the weight's e4m3 codes
+    # widened to the activations' type by XLA once before the kernel (exact; the scales kept apart), so that the
+    # main loop multiplies 16-bit tiles from shared memory with no conversion, for twice the weight's bytes.
+    widen_first: bool = False
     # Forces the dispatch table's entry of this kernel module (e.g. "upcast" for the XLA-predecode path on
     # sm_90) instead of the first that holds the pair, for comparisons; the fields above apply to it as given.
     kernel: Optional[str] = None
