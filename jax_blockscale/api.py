@@ -221,7 +221,10 @@ def explain(a: Operand | FormatLike, b: Operand | FormatLike, *, target: Optiona
     return _explain(a, b, validation.check_target(target) or backends.detect_target(), rows)
 
 
-def _explain(a, b, target: str, rows: Optional[int] = None) -> backends.Choice:
+def _explain(a, b, target: str, rows: Optional[int] = None,
+             names_nk: Optional[tuple[int, int]] = None) -> backends.Choice:
+    """`names_nk`: (N, K) that dispatch sees for format names (whose stand-ins have no N and one block of K), for
+    size-dependent entries."""
     for name, x in (("a", a), ("b", b)):
         if isinstance(x, BlockScaledArray):
             validation.check_block_scaled(x, name)  # before reading its shape for the stand-in's K
@@ -233,6 +236,8 @@ def _explain(a, b, target: str, rows: Optional[int] = None) -> backends.Choice:
         n = b.shape[0]  # after validation: an inconsistent operand has no trusted shape
         if rows is None:
             rows = math.prod(a.shape[:-1])
+    elif _is_name(a) and _is_name(b) and names_nk is not None:
+        n, k = names_nk
     return backends.choose(target, operand_kind(qa, "a"), operand_kind(qb, "b"), rows=rows, n=n, k=k)
 
 
@@ -264,6 +269,8 @@ def _abstract(x, side: str, k: int):
 # explain_all's decode lines: (activations, weights), labelled by the weights alone unless two pairs share them.
 _DECODE_PICKS = (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8_block", "fp8_block"),
                  ("bf16", "fp8_block"))
+# The weight shape of explain_all's decode lines (issue #12's headline shape): some decode entries apply by N and K.
+_DECODE_PICK_NK = (7168, 4096)
 _DECODE_PICK_LABELS = {(a, b): b if [w for _, w in _DECODE_PICKS].count(b) == 1 else f"{a} x {b}"
                        for a, b in _DECODE_PICKS}
 
@@ -283,9 +290,10 @@ def explain_all(target: Optional[str] = None) -> str:
         c = _explain(a, b, target)
         lines.append(f"  {a:>11} x {b:<11} {c.path:<9} {c.kernel or '-':<18} {c.why}")
     for rows in (1, 16, backends.DECODE_MAX_ROWS):
-        picks = ", ".join(f"{_DECODE_PICK_LABELS[a, b]}: {explain(a, b, target=target, rows=rows).kernel or 'reference'}"
+        picks = ", ".join(f"{_DECODE_PICK_LABELS[a, b]}: "
+                          f"{_explain(a, b, target, rows, names_nk=_DECODE_PICK_NK).kernel or 'reference'}"
                           for a, b in _DECODE_PICKS)
-        lines.append(f"  {rows:>2} rows x one weight (explain(..., rows=M)): {picks}")
+        lines.append(f"  {rows:>2} rows x one {_DECODE_PICK_NK[0]} x {_DECODE_PICK_NK[1]} weight: {picks}")
     lines.append("quantization (jb.quantize along the last axis, jb.quantize_with_transpose, the recipes):")
     by_quantizer: dict[str, list[str]] = {}
     for name, block in (("mxfp8", None), ("mxfp6_e2m3", None), ("mxfp4", None), ("nvfp4", None),

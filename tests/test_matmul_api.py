@@ -175,7 +175,10 @@ def test_explain_names_each_path():
 def test_explain_all_says_which_quantizer_runs():
     gpu = jb.explain_all("sm_90")
     assert "quantization" in gpu and "one-pass kernel" in gpu
-    assert " 1 rows x one weight" in gpu and "bf16: " not in gpu
+    assert " 1 rows x one 7168 x 4096 weight" in gpu and "bf16: " not in gpu
+    # the decode lines dispatch at that weight shape: one block FP8 row takes the GEMV, which applies by N and K
+    one_row = next(line for line in gpu.splitlines() if " 1 rows x one" in line)
+    assert "fp8_block x fp8_block: decode," in one_row
     assert jb.quantizer("fp8_block", "sm_90", block=(3, 128)).startswith("jnp quantizer (XLA): fp8_block tile")
     assert jb.quantizer("mxfp8", "gfx950").startswith("one-pass kernel")
     assert jb.quantizer("nvfp4", "cpu").startswith("jnp quantizer")
