@@ -872,7 +872,8 @@ def previous_path(p, target: str = "sm_90") -> tuple[str, "TileConfig"]:
 
 def block_gemv_configs(p) -> list[tuple[str, "TileConfig"]]:
     """At <= 2 rows of block FP8 x block FP8: decode.py's GEMV on the one-row block FP8 tile
-    (`decode._BLOCK_FP8_GEMV_TILES`, tuned for bf16 activations), the activation rows in one program."""
+    (`decode._BLOCK_FP8_GEMV_TILES`), the activation rows in one program; at one row that is decode.py's default
+    config (labelled so, for the dispatch column), at two rows the same tile forced."""
     from jax_blockscale._triton import decode
     from jax_blockscale._triton.problem import TileConfig
 
@@ -882,7 +883,8 @@ def block_gemv_configs(p) -> list[tuple[str, "TileConfig"]]:
         return []
     cfg = TileConfig(block_m=1 << (rows - 1).bit_length(), group_m=1, split_k=1, gemv=True, prefetch=False,
                      kernel="decode", **tile)
-    return [(f"decode GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}", cfg)]
+    default = "default " if cfg == decode.default_config(p, "sm_90").replace(kernel="decode") else ""
+    return [(f"decode {default}GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}", cfg)]
 
 
 def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2, pairs=FP8_PAIRS[:1]):

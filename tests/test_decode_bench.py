@@ -87,6 +87,24 @@ def test_wgmma_knob_configs_are_the_default_and_valid_neighbours(m, n, k):
         assert any(c.num_stages == other and c.split_k == configs[0][1].split_k for _, c in configs)
 
 
+@pytest.mark.parametrize("m,n,k,label", [(1, 7168, 4096, "decode default GEMV n8 k4096 w8"),
+                                         (2, 7168, 4096, "decode GEMV n8 k4096 w8"),
+                                         (1, 8192, 8192, "decode default GEMV n16 k1024 w4"),
+                                         (4, 7168, 4096, None), (1, 1024, 4096, None)])
+def test_block_gemv_configs_are_the_one_row_tile(m, n, k, label):
+    # --fp8 times decode.py's GEMV beside decode_fp8 at <= 2 rows of block FP8 x block FP8, where its whole-row tile
+    # applies; at one row that is what dispatch runs, so the label says "default" (the dispatch column's mark)
+    from jax_blockscale._triton import decode
+    from jax_blockscale._triton.problem import GemmProblem
+
+    p = GemmProblem(1, False, m, n, k, "block_fp8", "block_fp8", "bf16")
+    configs = bench.block_gemv_configs(p)
+    assert [lbl for lbl, _ in configs] == ([label] if label else [])
+    for _, cfg in configs:
+        assert cfg.gemv and cfg.kernel == "decode" and cfg.block_m == m
+        decode.check_config(p, cfg)
+
+
 @pytest.mark.parametrize("tile", [(8, 256, 4, 4), (8, 512, 1, 8)])
 def test_stream_kernel_reads_whole_16_byte_vectors_for_sm90(tile):
     """--stream's ceiling kernel (the GEMV's bytes with no arithmetic but one xor per word) compiles for
