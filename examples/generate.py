@@ -20,7 +20,7 @@ Weight formats and the recipe each one is served with (`quantize_params` quantiz
 | mxfp4 | bf16 x mxfp4 (`w4a16`) | weight-only: no per-call quantization of the activations |
 | nvfp4 | bf16 x nvfp4 | weight-only, as above |
 | mxfp8 | bf16 x mxfp8 e4m3 | weight-only, as above |
-| fp8_block | fp8 1x128 x fp8 128x128 (`fp8_deepseek`) | no kernel pairs bf16 activations with block-FP8 weights |
+| fp8_block | bf16 x fp8 128x128 (`w8a16_fp8`) | weight-only, as above: DeepSeek's FP8 checkpoint format (one row: `decode`'s GEMV, more: `dense_x_block_fp8`) |
 
 Timing (`--loop fori`, the default): after prefill, the `--gen` decode steps run inside one jitted
 `jax.lax.fori_loop` whose carry is the KV cache, the current token and the token buffer. Each step is the
@@ -64,7 +64,7 @@ WEIGHT_RECIPES: dict[str, Recipe] = {
     "mxfp4": get_recipe("w4a16"),
     "nvfp4": Recipe("w4a16_nvfp4", (None, "nvfp4"), inference=True),
     "mxfp8": Recipe("w8a16_mxfp8", (None, "mxfp8_e4m3"), inference=True),
-    "fp8_block": get_recipe("fp8_deepseek"),
+    "fp8_block": get_recipe("w8a16_fp8"),
 }
 FORMATS = tuple(WEIGHT_RECIPES)
 # The check's bounds (teacher-forced against bf16, `compare`): the least share of steps whose greedy token is

@@ -24,6 +24,7 @@ Built-in recipes (`get_recipe(name)`); scales of MX formats use `rounding="rceil
 | fp8_deepseek | fp8 1x128, fp8 128x128 | fp8 1x128, fp8 128x128 | fp8 1x128, fp8 128x128 |
 | w4a8 (inference) | mxfp8_e4m3, mxfp4 | dense | dense |
 | w4a16 (inference) | dense, mxfp4 | dense | dense |
+| w8a16_fp8 (inference) | dense, fp8 128x128 | dense | dense |
 
 `bf16` quantizes nothing: a plain dot in the operands' own dtype (bf16 in a bf16 model), the baseline.
 Choices: gradients are e4m3 in `mxfp8` because a 32-element power-of-two block scale already supplies the
@@ -191,6 +192,7 @@ RECIPES: types.MappingProxyType = types.MappingProxyType({
                            (_DEEPSEEK_ACT, _DEEPSEEK_WEIGHT)),
     "w4a8": Recipe("w4a8", ("mxfp8_e4m3", "mxfp4"), inference=True),
     "w4a16": Recipe("w4a16", (None, "mxfp4"), inference=True),
+    "w8a16_fp8": Recipe("w8a16_fp8", (None, _DEEPSEEK_WEIGHT), inference=True),
 })
 RECIPE_NAMES: tuple[str, ...] = tuple(RECIPES)
 _ALIASES = {"deepseek": "fp8_deepseek", "fp8_block": "fp8_deepseek", "bfloat16": "bf16", "none": "bf16"}

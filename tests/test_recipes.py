@@ -83,7 +83,9 @@ def _f32_grads():
 
 
 def test_recipe_table_and_lookup():
-    assert set(recipes.RECIPE_NAMES) >= {"bf16", "mxfp8", "nvfp4", "fp8_deepseek", "w4a8", "w4a16"}
+    assert set(recipes.RECIPE_NAMES) >= {"bf16", "mxfp8", "nvfp4", "fp8_deepseek", "w4a8", "w4a16", "w8a16_fp8"}
+    served = get_recipe("w8a16_fp8")
+    assert served.inference and served.fprop[0] is None and served.fprop[1].tile == (128, 128)
     r = get_recipe("MXFP8")
     assert r is get_recipe(r) and get_recipe("deepseek").name == "fp8_deepseek"
     assert [f.name for f in r.fprop + r.dgrad + r.wgrad] == ["mxfp8_e4m3"] * 6
@@ -172,6 +174,7 @@ def test_backward_runs_on_the_primitive():
     assert _kinds(grad_fn("mxfp8_e5m2_grads"), X, W) == [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e5m2", "e4m3")]
     assert _kinds(grad_fn("nvfp4"), X, W) == [("e4m3", "e4m3"), ("e4m3", "e4m3"), ("nvfp4", "nvfp4")]
     assert _kinds(grad_fn("w4a16"), X, W) == [("fp32", "e2m1")]  # dense x mxfp4 forward, dense backward
+    assert _kinds(grad_fn("w8a16_fp8"), X, W) == [("fp32", "block_fp8")]
 
 
 def test_deepseek_dgrad_weight_is_the_forward_weight_transposed():
@@ -190,7 +193,7 @@ def test_residuals_are_quantized():
 
 
 def test_prequantized_weights_serve_and_backprop_to_activations():
-    for name in ("w4a8", "w4a16", "mxfp8", "nvfp4", "fp8_deepseek"):
+    for name in ("w4a8", "w4a16", "w8a16_fp8", "mxfp8", "nvfp4", "fp8_deepseek"):
         r = get_recipe(name)
         qw = _quantize_weight(W.T, r)  # Flax layout (K, N) in, (N, K) quantized along K out
         assert qw.shape == (N, K) and qw.fmt == r.weight_format
