@@ -233,6 +233,19 @@ def test_nnx_linear_train_scan_quantize_and_checkpoint(tmp_path):
     np.testing.assert_array_equal(fwd(restored, x), y_served)
 
 
+def test_nnx_serves_block_fp8_weights_to_bf16_activations():
+    # w8a16_fp8: DeepSeek's 128 x 128 block FP8 weights, bf16 activations left as they are (the FP8 checkpoint served
+    # weight-only); the served layer multiplies by exactly the quantized kernel
+    layer = jbx.Linear(256, 192, recipe="w8a16_fp8", use_bias=False, rngs=nnx.Rngs(3))
+    x = jax.random.normal(jax.random.key(4), (5, 256), jnp.float32).astype(jnp.bfloat16)
+    w = layer.kernel[...]
+    layer.quantize_weights()
+    assert layer.quantized and layer.kernel.fmt.name == "fp8_block" and layer.kernel.fmt.tile == (128, 128)
+    y = nnx.jit(lambda m, x: m(x))(layer, x)
+    want = jnp.dot(x.astype(jnp.float32), jb.dequantize(quantize_weight(w, "w8a16_fp8"), jnp.float32).T)
+    np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "fp8_deepseek"])
 def test_quantize_params_keeps_a_column_parallel_kernel_column_parallel(recipe):
     """A kernel (K, N) named ("embed", "mlp") with "mlp" on the "model" axis is split on N. Its quantized
