@@ -156,6 +156,17 @@ def test_refuses_what_its_kernel_cannot_take(changes, match):
         dense_x_block_fp8.check_config(p, cfg)
 
 
+@pytest.mark.parametrize("compute_capability", [100, None])   # sm_100; gfx950 (no CUDA capability)
+def test_widen_first_is_refused_off_hopper_before_any_compute(compute_capability):
+    p = GemmProblem(1, False, 256, 256, 512, "bf16", "block_fp8", "bf16")
+    w = jb.quantize_operand(jnp.ones((256, 512), jnp.float32), "fp8_block", side="b")
+    x = jnp.ones((1, 256, 512), jnp.bfloat16)
+    cfg = dense_x_block_fp8.default_config(p).replace(widen_first=True)
+    with pytest.raises(ValueError, match="widen_first is a Hopper"):
+        dense_x_block_fp8.launch(p, x, x, w.values, w.scales, jnp.ones((1,), jnp.float32), config=cfg,
+                                 compute_capability=compute_capability)
+
+
 def test_swap_needs_an_unbatched_weight():
     p = GemmProblem(2, True, 64, 256, 512, "bf16", "block_fp8", "bf16")
     assert not dense_x_block_fp8.default_config(p).swap_ab

@@ -60,6 +60,11 @@ def launch(p: GemmProblem, a_values: jax.Array, a_scales: jax.Array, b_values: j
     if (p.a_kind, p.b_kind) not in SUPPORTED:
         raise ValueError(f"dense_x_block_fp8 takes bf16 / fp16 activations x block_fp8, got {p.a_kind} x {p.b_kind}")
     check_config(p, config)
+    if config.widen_first and compute_capability != 90:
+        # Measured on Hopper only; its 16-bit stages (64 KB each at 128 x 128) are sized for Hopper's 227 KB of shared
+        # memory, where gfx950's LDS holds 160 KB.
+        raise ValueError(f"TileConfig.widen_first is a Hopper (sm_90) option, got compute capability "
+                         f"{compute_capability}")
     # The activations' values again as their (never read) scale pointer: the primitive's placeholder scales are
     # then dead code, and no XLA kernel builds them.
     return block_fp8.run_gemm(block_fp8.block_fp8_kernel, p, a_values, a_values, b_values, b_scales, alpha,
