@@ -37,9 +37,9 @@ CASES = [
     dict(fa="bf16", fb="fp8_block", batch=[], m=20, n=150, k=700, seed=5, out_dtype="bfloat16",
          config=_cfg(block_m=256, block_n=16, swap_ab=True)),
     # the weight widened to the activations' type by XLA before the kernel, both operand orders
-    dict(fa="bf16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=7, out_dtype="float32",
+    dict(fa="bf16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=7, out_dtype="float32", hopper=True,
          config=_cfg(block_m=64, block_n=64, widen_first=True)),
-    dict(fa="fp16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=8, out_dtype="bfloat16",
+    dict(fa="fp16", fb="fp8_block", batch=[], m=70, n=150, k=700, seed=8, out_dtype="bfloat16", hopper=True,
          config=_cfg(block_m=32, block_n=64, swap_ab=False, split_k=2, widen_first=True)),
     # the default configuration (swapped decode tiles at 3 rows, split-K), named so the kernel runs here
     dict(fa="bf16", fb="fp8_block", batch=[], m=3, n=150, k=700, seed=6, out_dtype="float32",
