@@ -2,13 +2,14 @@
 
 from . import formats, layouts, reference
 from .formats import FORMAT_NAMES, get_format
-from .quantize import BlockScaledArray, dequantize, nvfp4_tensor_scale, quantize
+from .quantize import BlockScaledArray, dequantize, from_block_fp8, nvfp4_tensor_scale, quantize
 
 __all__ = [
     "BlockScaledArray",
     "FORMAT_NAMES",
     "dequantize",
     "formats",
+    "from_block_fp8",
     "get_format",
     "layouts",
     "nvfp4_tensor_scale",

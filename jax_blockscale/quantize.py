@@ -473,6 +473,45 @@ def quantize(
     return quantize_jnp(x, spec, axis=axis, rounding=rounding, tensor_scale=tensor_scale)
 
 
+def from_block_fp8(values: jax.Array, scales: jax.Array, *, tile: tuple[int, int] = (128, 128)) -> BlockScaledArray:
+    """A `BlockScaledArray` from block FP8 codes and scales quantized elsewhere: a DeepSeek-V3 / R1 checkpoint's
+    `weight` (float8_e4m3fn) and `weight_scale_inv` (float32), served as they are (recipe `w8a16_fp8`: bf16
+    activations; `fp8_deepseek`: 1 x 128 fp8 activations). No value changes: element i of tile t is
+    `values[i] * scales[t]`, as DeepSeek's own dequantization multiplies them.
+
+    Args:
+      values: (..., N, K) float8_e4m3fn codes, quantized along K (the weight's contraction axis, last).
+      scales: (..., ceil(N / rows), ceil(K / cols)) for a 2D tile, (..., N, ceil(K / cols)) for (1, cols); float32,
+        or bf16 / fp16 (widened to float32 exactly).
+      tile: (rows, cols) of one scale: DeepSeek's weights (128, 128), its activations (1, 128).
+
+    Returns:
+      fp8_block `BlockScaledArray` quantized along the last axis, K zero-padded to whole tiles (padding codes
+      are 0, so they add nothing to a product).
+
+    Shapes are checked at trace time, so a transposed or mis-sized scale grid fails here, not in a kernel.
+    """
+    spec = get_format("fp8_block", block=tile)
+    rows, cols = spec.tile
+    if not hasattr(values, "dtype") or jnp.dtype(values.dtype) != jnp.float8_e4m3fn:
+        raise ValueError(f"from_block_fp8 takes float8_e4m3fn codes, got {getattr(values, 'dtype', type(values))}")
+    if values.ndim < (2 if rows > 1 else 1):
+        raise ValueError(f"fp8_block tile {spec.tile} needs codes of rank >= {2 if rows > 1 else 1}, got shape "
+                         f"{values.shape}")
+    if not hasattr(scales, "dtype") or not jnp.issubdtype(scales.dtype, jnp.floating) or \
+            jnp.dtype(scales.dtype).itemsize < 2 or jnp.dtype(scales.dtype) == jnp.float64:
+        raise ValueError(f"from_block_fp8 takes float32 (or bf16 / fp16) scales, got "
+                         f"{getattr(scales, 'dtype', type(scales))}")
+    k = values.shape[-1]
+    lead = (*values.shape[:-2], -(-values.shape[-2] // rows)) if rows > 1 else values.shape[:-1]
+    want = (*lead, -(-k // cols))
+    if tuple(scales.shape) != want:
+        raise ValueError(f"codes of shape {values.shape} in {spec.tile} tiles need scales of shape {want} (one per "
+                         f"tile, the quantized axis last), got {tuple(scales.shape)}")
+    padded = _pad_to_blocks(values, -1, cols)
+    return BlockScaledArray(padded, scales.astype(jnp.float32), spec, -1, k)
+
+
 def _fused_eligible(x: jax.Array, spec: Format, axis: int) -> bool:
     """Whether `quantize` goes through the quantization primitive (jnp on CPU, the fused kernel on one GPU):
     along the last axis, a non-empty input, a format the kernel takes, and not typed with Explicit-axis
