@@ -44,8 +44,9 @@ def test_activation_groups_and_stacked_layers():
     np.testing.assert_array_equal(np.asarray(jb.dequantize(r)), np.asarray(jb.dequantize(q)))
     stack = jnp.stack([_w(256, 256, s) for s in range(2)])              # (layers, N, K)
     qs = jb.quantize(stack, "fp8_block", block=(128, 128))
-    rs = jb.from_block_fp8(qs.values, qs.scales.astype(jnp.bfloat16).astype(jnp.float32))
-    assert rs.scales.shape == (2, 2, 2) and rs.shape == (2, 256, 256)
+    rs = jb.from_block_fp8(qs.values, qs.scales.astype(jnp.bfloat16))   # bf16 scales widen to float32 exactly
+    assert rs.scales.shape == (2, 2, 2) and rs.scales.dtype == jnp.float32 and rs.shape == (2, 256, 256)
+    np.testing.assert_array_equal(np.asarray(rs.scales), np.asarray(qs.scales.astype(jnp.bfloat16), np.float32))
 
 
 @pytest.mark.parametrize("m", [1, 5, 70])
