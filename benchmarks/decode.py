@@ -870,10 +870,16 @@ def previous_path(p, target: str = "sm_90") -> tuple[str, "TileConfig"]:
     raise ValueError(f"no other sm_90 kernel for {p.a_kind} x {p.b_kind} at {rows} rows")
 
 
-def block_gemv_configs(p) -> list[tuple[str, "TileConfig"]]:
+# --fp8-knobs at one row: other GEMV tiles for block FP8 rows, (block_n, block_k or None for all of K, warps, stages)
+BLOCK_GEMV_KNOB_TILES = ((8, None, 8, 2), (16, 1024, 4, 3), (8, 2048, 8, 2), (16, 2048, 8, 2), (32, 512, 4, 3),
+                         (8, 1024, 4, 4))
+
+
+def block_gemv_configs(p, knobs: bool = False) -> list[tuple[str, "TileConfig"]]:
     """At <= 2 rows of block FP8 x block FP8: decode.py's GEMV on the one-row block FP8 tile
     (`decode._BLOCK_FP8_GEMV_TILES`), the activation rows in one program; at one row that is decode.py's default
-    config (labelled so, for the dispatch column), at two rows the same tile forced."""
+    config (labelled so, for the dispatch column), at two rows the same tile forced. `knobs` (one row): also the
+    other tiles of `BLOCK_GEMV_KNOB_TILES` whose K tile divides K and that leave N a program per SM."""
     from jax_blockscale._triton import decode
     from jax_blockscale._triton.problem import TileConfig
 
@@ -881,10 +887,21 @@ def block_gemv_configs(p) -> list[tuple[str, "TileConfig"]]:
     tile = decode._gemv_tile(decode._BLOCK_FP8_GEMV_TILES, 1, p.n, p.k) if rows <= 2 else {}
     if not tile:
         return []
-    cfg = TileConfig(block_m=1 << (rows - 1).bit_length(), group_m=1, split_k=1, gemv=True, prefetch=False,
-                     kernel="decode", **tile)
-    default = "default " if cfg == decode.default_config(p, "sm_90").replace(kernel="decode") else ""
-    return [(f"decode {default}GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}", cfg)]
+    base = TileConfig(block_m=1 << (rows - 1).bit_length(), group_m=1, split_k=1, gemv=True, prefetch=False,
+                      kernel="decode")
+    default = decode.default_config(p, "sm_90").replace(kernel="decode")
+    tiles = [tile]
+    if knobs and rows == 1:
+        tiles += [dict(block_n=bn, block_k=bk or p.k, num_warps=w, num_stages=st)
+                  for bn, bk, w, st in BLOCK_GEMV_KNOB_TILES
+                  if p.k % (bk or p.k) == 0 and p.n // bn >= decode._TYPICAL_SM_COUNT]
+    out = []
+    for fields in tiles:
+        cfg = base.replace(**fields)
+        if all(c != cfg for _, c in out):
+            mark = "default " if cfg == default else ""
+            out.append((f"decode {mark}GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} st{cfg.num_stages}", cfg))
+    return out
 
 
 def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2, pairs=FP8_PAIRS[:1]):
@@ -921,7 +938,7 @@ def fp8_table(torch, shapes, rows=FP8_ROWS, knobs: bool = False, rounds: int = 2
                     base_label = "cuBLAS blockwise"
                     base = _cublas_blockwise_us(torch, xa, ws) if torch is not None else None
                     old = block_fp8.default_config(p, "sm_90").replace(kernel="block_fp8")
-                    prev = [(f"block_fp8 swapped sp{old.split_k}", old)] + block_gemv_configs(p)
+                    prev = [(f"block_fp8 swapped sp{old.split_k}", old)] + block_gemv_configs(p, knobs)
                 else:
                     base_label = "XLA bf16"
                     if bf16_ws is None:

@@ -87,9 +87,9 @@ def test_wgmma_knob_configs_are_the_default_and_valid_neighbours(m, n, k):
         assert any(c.num_stages == other and c.split_k == configs[0][1].split_k for _, c in configs)
 
 
-@pytest.mark.parametrize("m,n,k,label", [(1, 7168, 4096, "decode default GEMV n8 k4096 w8"),
-                                         (2, 7168, 4096, "decode GEMV n8 k4096 w8"),
-                                         (1, 8192, 8192, "decode default GEMV n16 k1024 w4"),
+@pytest.mark.parametrize("m,n,k,label", [(1, 7168, 4096, "decode default GEMV n8 k4096 w8 st2"),
+                                         (2, 7168, 4096, "decode GEMV n8 k4096 w8 st2"),
+                                         (1, 8192, 8192, "decode default GEMV n16 k1024 w4 st3"),
                                          (4, 7168, 4096, None), (1, 1024, 4096, None)])
 def test_block_gemv_configs_are_the_one_row_tile(m, n, k, label):
     # --fp8 times decode.py's GEMV beside decode_fp8 at <= 2 rows of block FP8 x block FP8, where its whole-row tile
@@ -102,6 +102,12 @@ def test_block_gemv_configs_are_the_one_row_tile(m, n, k, label):
     assert [lbl for lbl, _ in configs] == ([label] if label else [])
     for _, cfg in configs:
         assert cfg.gemv and cfg.kernel == "decode" and cfg.block_m == m
+        decode.check_config(p, cfg)
+    # --fp8-knobs: the default first, then distinct tiles the kernel accepts (one row only)
+    knobs = bench.block_gemv_configs(p, knobs=True)
+    assert knobs[: len(configs)] == configs and len({c for _, c in knobs}) == len(knobs)
+    assert (len(knobs) > len(configs)) == (m == 1 and bool(label))
+    for _, cfg in knobs:
         decode.check_config(p, cfg)
 
 
