@@ -246,6 +246,26 @@ def test_nnx_serves_block_fp8_weights_to_bf16_activations():
     np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=2e-2, atol=2e-2)
 
 
+def test_nnx_takes_a_weight_quantized_elsewhere():
+    # a DeepSeek checkpoint's codes and scales (jb.from_block_fp8) in place of quantizing the master kernel
+    layer = jbx.Linear(200, 300, recipe="w8a16_fp8", use_bias=False, rngs=nnx.Rngs(5))
+    q = jb.quantize(jax.random.normal(jax.random.key(6), (300, 200), jnp.float32), "fp8_block", block=(128, 128))
+    with pytest.raises(ValueError, match=r"fp8_block 128x128 of shape \(300, 200\)"):
+        layer.quantize_weights(jb.from_block_fp8(q.values[:200, :200], q.scales[:2]))       # (N, K) of another N
+    with pytest.raises(ValueError, match="got fp8_block 1x128"):
+        layer.quantize_weights(jb.quantize(jnp.ones((300, 200)), "fp8_block", block=(1, 128)))
+    assert not layer.quantized
+    loaded = jb.from_block_fp8(q.values[:, :200], q.scales)
+    layer.quantize_weights(loaded)
+    assert layer.quantized
+    x = jax.random.normal(jax.random.key(7), (3, 200), jnp.float32).astype(jnp.bfloat16)
+    y = nnx.jit(lambda m, x: m(x))(layer, x)
+    want = jnp.dot(x.astype(jnp.float32), jb.dequantize(loaded).T)
+    np.testing.assert_allclose(np.asarray(y, np.float32), want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="already quantized"):
+        layer.quantize_weights(loaded)
+
+
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4", "fp8_deepseek"])
 def test_quantize_params_keeps_a_column_parallel_kernel_column_parallel(recipe):
     """A kernel (K, N) named ("embed", "mlp") with "mlp" on the "model" axis is split on N. Its quantized

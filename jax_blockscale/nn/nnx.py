@@ -71,9 +71,13 @@ class Linear(nnx.Module):
             y = y + jnp.asarray(bias, y.dtype)
         return y
 
-    def quantize_weights(self) -> None:
+    def quantize_weights(self, quantized: Optional[BlockScaledArray] = None) -> None:
         """Replaces the master kernel with its quantized form, in place (no-op if already quantized or
         the recipe keeps weights dense). Leading dims (stacked layers) are quantized per layer.
+
+        `quantized`: a weight quantized elsewhere to use instead, (..., N, K) along K in the recipe's weight format
+        (e.g. `jb.from_block_fp8` of a DeepSeek checkpoint's `weight` and `weight_scale_inv` for `w8a16_fp8`);
+        checked against the kernel's (..., K, N) shape and the recipe before it replaces anything.
 
         Each leaf becomes an `nnx.Param` with the kernel's metadata. Sharding names follow the leaf's own
         storage: the kernel (..., K, N) named (*lead, k, n) gives values and scales, stored (..., N, K),
@@ -83,9 +87,16 @@ class Linear(nnx.Module):
         they are placed as the kernel lies (K split only into whole blocks).
         """
         if self.quantized or self.recipe.weight_format is None:
+            if quantized is not None:
+                raise ValueError(f"this Linear {'is already quantized' if self.quantized else 'keeps its weights dense'} "
+                                 f"(recipe {self.recipe.name!r}); it cannot take a quantized weight")
             return
         value, metadata = self.kernel.get_value(), dict(self.kernel.get_metadata())
-        q = quantize_weight(value, self.recipe)
+        if quantized is None:
+            q = quantize_weight(value, self.recipe)
+        else:
+            _check_quantized(quantized, value.shape, self.recipe)
+            q = quantized
         names = metadata.get("out_sharding")
         storage = lead = None
         if names is not None:
@@ -105,6 +116,21 @@ class Linear(nnx.Module):
 
         self.kernel = nnx.data(BlockScaledArray(param(q.values, storage), param(q.scales, storage), q.fmt,
                                                 q.axis, q.length, param(q.tensor_scale, lead)))
+
+
+def _check_quantized(q, kernel_shape: tuple[int, ...], recipe) -> None:
+    """A weight quantized elsewhere must be what `quantize_weight(kernel, recipe)` would have made of this kernel."""
+    if not isinstance(q, BlockScaledArray):
+        raise ValueError(f"quantized must be a BlockScaledArray (e.g. jb.from_block_fp8(...)), got {type(q).__name__}")
+    validation.check_block_scaled(q, "quantized")
+    want_shape = (*kernel_shape[:-2], kernel_shape[-1], kernel_shape[-2])
+    if q.fmt != recipe.weight_format or q.axis != -1 or tuple(q.shape) != want_shape:
+        def what(fmt, shape, axis) -> str:
+            tile = f" {fmt.tile[0]}x{fmt.tile[1]}" if hasattr(fmt, "tile") else ""
+            return f"{fmt.name}{tile} of shape {tuple(shape)} along axis {axis}"
+
+        raise ValueError(f"recipe {recipe.name!r} with a kernel of shape {tuple(kernel_shape)} (K, N) needs "
+                         f"{what(recipe.weight_format, want_shape, -1)} (N, K), got {what(q.fmt, q.shape, q.axis)}")
 
 
 def _is_variable(x) -> bool:
