@@ -498,8 +498,7 @@ def from_block_fp8(values: jax.Array, scales: jax.Array, *, tile: tuple[int, int
     if values.ndim < (2 if rows > 1 else 1):
         raise ValueError(f"fp8_block tile {spec.tile} needs codes of rank >= {2 if rows > 1 else 1}, got shape "
                          f"{values.shape}")
-    if not hasattr(scales, "dtype") or not jnp.issubdtype(scales.dtype, jnp.floating) or \
-            jnp.dtype(scales.dtype).itemsize < 2 or jnp.dtype(scales.dtype) == jnp.float64:
+    if not hasattr(scales, "dtype") or jnp.dtype(scales.dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
         raise ValueError(f"from_block_fp8 takes float32 (or bf16 / fp16) scales, got "
                          f"{getattr(scales, 'dtype', type(scales))}")
     k = values.shape[-1]

@@ -88,8 +88,8 @@ class Linear(nnx.Module):
         """
         if self.quantized or self.recipe.weight_format is None:
             if quantized is not None:
-                raise ValueError(f"this Linear {'is already quantized' if self.quantized else 'keeps its weights dense'} "
-                                 f"(recipe {self.recipe.name!r}); it cannot take a quantized weight")
+                state = "is already quantized" if self.quantized else "keeps its weights dense"
+                raise ValueError(f"this Linear {state} (recipe {self.recipe.name!r}); it cannot take a quantized weight")
             return
         value, metadata = self.kernel.get_value(), dict(self.kernel.get_metadata())
         if quantized is None:
