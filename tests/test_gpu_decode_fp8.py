@@ -53,8 +53,8 @@ def _config(m, n, k, formats=("fp8_block", "fp8_block"), **changes) -> TileConfi
 
 
 # one row with K a multiple of 1024 and N >= 2112 takes decode.py's GEMV (tests/test_gpu_decode.py)
-@pytest.mark.parametrize("m,n,k", [(1, 7168, 1536), (1, 1024, 4096), (2, 7168, 4096), (16, 7168, 2048), (17, 2112, 7168), (64, 4096, 1024),
-                                   (5, 200, 384), (33, 96, 128)])
+@pytest.mark.parametrize("m,n,k", [(1, 7168, 1536), (1, 1024, 4096), (2, 7168, 4096), (16, 7168, 2048), (17, 2112, 7168),
+                                   (64, 4096, 1024), (5, 200, 384), (33, 96, 128)])
 def test_as_dispatched(m, n, k):
     a, b = _operands(m, n, k)
     assert jb.explain(a, b).kernel == "decode_fp8"

@@ -89,7 +89,8 @@ class Linear(nnx.Module):
         if self.quantized or self.recipe.weight_format is None:
             if quantized is not None:
                 state = "is already quantized" if self.quantized else "keeps its weights dense"
-                raise ValueError(f"this Linear {state} (recipe {self.recipe.name!r}); it cannot take a quantized weight")
+                raise ValueError(f"this Linear {state} (recipe {self.recipe.name!r}); it cannot take a quantized "
+                                 f"weight")
             return
         value, metadata = self.kernel.get_value(), dict(self.kernel.get_metadata())
         if quantized is None:
