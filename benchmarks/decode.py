@@ -876,30 +876,28 @@ BLOCK_GEMV_KNOB_TILES = ((8, None, 8, 2), (16, 1024, 4, 3), (8, 2048, 8, 2), (16
 
 
 def block_gemv_configs(p, knobs: bool = False) -> list[tuple[str, "TileConfig"]]:
-    """At <= 2 rows of block FP8 x block FP8: decode.py's GEMV on the one-row block FP8 tile
-    (`decode._BLOCK_FP8_GEMV_TILES`), the activation rows in one program; at one row that is decode.py's default
-    config (labelled so, for the dispatch column), at two rows the same tile forced. `knobs` (one row): also the
-    other tiles of `BLOCK_GEMV_KNOB_TILES` whose K tile divides K and that leave N a program per SM."""
-    from jax_blockscale._triton import decode
-    from jax_blockscale._triton.problem import TileConfig
+    """At <= 2 rows of block FP8 x block FP8: decode.py's one-row default config (the GEMV on its block FP8 tile,
+    `gemv_tiles.BLOCK_FP8_GEMV_TILES`), the activation rows in one program; labelled "default" where it is what
+    dispatch runs (the dispatch column). `knobs` (one row): also the other tiles of `BLOCK_GEMV_KNOB_TILES` whose K
+    tile divides K and that leave N a program per SM."""
+    import dataclasses
+
+    from jax_blockscale._triton import decode, gemv_tiles
 
     rows = p.batch * p.m
-    tile = decode._gemv_tile(decode._BLOCK_FP8_GEMV_TILES, 1, p.n, p.k) if rows <= 2 else {}
-    if not tile:
+    if rows > 2 or not gemv_tiles.tile_fields(gemv_tiles.BLOCK_FP8_GEMV_TILES, 1, p.n, p.k):
         return []
-    base = TileConfig(block_m=1 << (rows - 1).bit_length(), group_m=1, split_k=1, gemv=True, prefetch=False,
-                      kernel="decode")
-    default = decode.default_config(p, "sm_90").replace(kernel="decode")
-    tiles = [tile]
+    one_row = decode.default_config(dataclasses.replace(p, batch=1, m=1), "sm_90").replace(kernel="decode")
+    tiles = [{}]
     if knobs and rows == 1:
         tiles += [dict(block_n=bn, block_k=bk or p.k, num_warps=w, num_stages=st)
                   for bn, bk, w, st in BLOCK_GEMV_KNOB_TILES
-                  if p.k % (bk or p.k) == 0 and p.n // bn >= decode._TYPICAL_SM_COUNT]
+                  if p.k % (bk or p.k) == 0 and p.n // bn >= gemv_tiles.HOPPER_SMS]
     out = []
     for fields in tiles:
-        cfg = base.replace(**fields)
+        cfg = one_row.replace(block_m=1 << (rows - 1).bit_length(), **fields)
         if all(c != cfg for _, c in out):
-            mark = "default " if cfg == default else ""
+            mark = "default " if rows == 1 and cfg == one_row else ""
             out.append((f"decode {mark}GEMV n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} st{cfg.num_stages}", cfg))
     return out
 
@@ -991,10 +989,10 @@ BF16_BLOCK_VARIANTS = (
 
 
 def _fp8_gemv_tile_fields(p) -> dict:
-    """The 8-bit MX weights' GEMV tile for `p` (decode._FP8_GEMV_TILES), or whole 2048-code rows on 8 warps."""
-    from jax_blockscale._triton import decode
+    """The 8-bit MX weights' GEMV tile for `p` (gemv_tiles.FP8_GEMV_TILES), or whole 2048-code rows on 8 warps."""
+    from jax_blockscale._triton import gemv_tiles
 
-    tile = decode._gemv_tile(decode._FP8_GEMV_TILES, p.batch * p.m, p.n, p.k)
+    tile = gemv_tiles.tile_fields(gemv_tiles.FP8_GEMV_TILES, p.batch * p.m, p.n, p.k)
     return dict(tile, split_k=1) if tile else dict(block_n=8, block_k=2048, num_warps=8, num_stages=2, split_k=1)
 
 

@@ -88,7 +88,7 @@ def _matmul_cases(small: bool):
         # The streaming GEMV: dispatch's pick (fp4 weight, one row), and forced with prefetch + split-K on
         # nvfp4 and block FP8 weights (N one past a tile).
         ("decode", "gemv", "bf16", "mxfp4", (1, 4096), 129, None),
-        # ... and its by-K tiles (decode._FP4_GEMV_TILES), N one past an 8-row tile: whole 4096-code rows on
+        # ... and its by-K tiles (gemv_tiles.FP4_GEMV_TILES), N one past an 8-row tile: whole 4096-code rows on
         # 8 warps, and 8 rows x 1024 codes on 2 warps (K = 7168)
         ("decode", "gemv_whole_rows", "bf16", "mxfp4", (1, 4096), 2113, None),
         ("decode", "gemv_k7168", "bf16", "nvfp4", (1, 7168), 2113, None),

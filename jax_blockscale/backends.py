@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 
+from ._triton import gemv_tiles
 from ._triton.problem import BLOCK_FP8, DECODE_MAX_ROWS, DENSE_KINDS, MX_KINDS, NVFP4
 
 __all__ = ["Choice", "detect_target", "choose", "TARGETS", "KERNEL_TABLE"]
@@ -42,8 +43,9 @@ class KernelEntry:
     # to a power of two) are at most this, K known: the 8-bit MX fp8 decode kernel stages the activations'
     # decoded scales (fp32, 4 bytes each) in shared memory beside its ring; None: any problem.
     max_staged_scales: Optional[int] = None
-    # Only when K is known and a multiple of this (kernels whose measured tiles need it); None: any K.
-    k_multiple: Optional[int] = None
+    # Only where this holds of (activation rows, N, K), all known: entries that apply where their kernel's
+    # measured tiles do (the kernel module's own rule, read from a module without Triton); None: any problem.
+    applies: Optional[Callable[[int, int, int], bool]] = None
     # Set: automatic dispatch skips the entry (reachable with TileConfig(kernel=...)), and this says why.
     opt_in: Optional[str] = None
     # Its launcher reads only configs that name it (TileConfig(kernel=module)): a caller's config that does
@@ -58,6 +60,12 @@ _UPCAST_PAIRS = frozenset(
     pair for pair in _MX_PAIRS | _DENSE_X_MX | _MX_X_DENSE | {(NVFP4, NVFP4)} if "fp16" not in pair
 )
 _BLOCK_FP8_PAIR = frozenset({(BLOCK_FP8, BLOCK_FP8)})
+
+
+def _one_row_block_fp8_tile(rows: int, n: int, k: int) -> bool:
+    """Whether decode.py has a measured one-row GEMV tile for block FP8 weights of this N and K."""
+    return bool(gemv_tiles.tile_fields(gemv_tiles.BLOCK_FP8_GEMV_TILES, rows, n, k))
+
 # The decode kernel (_triton/decode.py): every weight kind with bf16 activations or the quantized kinds
 # that pair with it. Kept here (not imported from the kernel module) so dispatch needs no triton.
 # Every weight format again since the two bugs an H100 run found (2026-11-22, tests/test_gpu_decode.py,
@@ -230,20 +238,21 @@ KERNEL_TABLE: dict[str, tuple[KernelEntry, ...]] = {
                            "faster at 7168 x 7168 and 8192 x 8192, level or slower at K <= 4096 and at 8-16 rows of "
                            "28672 x 8192, so the fp8 wgmma kernel keeps them"),
         # Block FP8 weights at one row, with bf16 or block FP8 activations: the GEMV (per-128-K scales on each group's
-        # fp32 sum), whole rows per program (decode._BLOCK_FP8_GEMV_TILES). H200, 2026-12-02, kernel time: bf16 rows
+        # fp32 sum), whole rows per program (gemv_tiles.BLOCK_FP8_GEMV_TILES). H200, 2026-12-02, kernel time: bf16 rows
         # 9.49 / 6.29 / 24.00 us at 7168 x 4096 / 7168 x 2048 / 8192 x 8192 against dense_x_block_fp8's 19.60 / 12.48 /
         # 38.87 and XLA's bf16 dot's 19.83 / 16.47 / 37.12 (session 40); block FP8 rows 10.27 / 6.81 / 18.56 / 14.95 /
         # 57.95 us at those and 7168 x 7168 / 28672 x 8192 against decode_fp8's 10.86 / 7.18 / 20.03 / 16.48 / 59.91
         # (1.03-1.10x) and cuBLAS blockwise's 14.20 / 8.90 / 27.61 / 20.04 / 69.91 (session 41,
         # benchmarks/results/decode_block_fp8_h200_2026-12-02_session41.md). At 2 rows it is 0.61-0.92x decode_fp8.
-        # Block FP8 rows take it only where those tiles apply (K a multiple of 1024, N at least a program per SM);
-        # elsewhere decode_fp8, measured against the GEMV's heuristic tiles on no shape.
+        # Block FP8 rows take it only where those tiles apply (gemv_tiles.tile_fields: K of 2048 / 4096 or a multiple
+        # of 1024, N at least a program per SM), as decode.default_config picks them; elsewhere decode_fp8, measured
+        # against the GEMV's heuristic tiles on no shape.
         KernelEntry("decode", frozenset({("bf16", BLOCK_FP8)}), "upcast", _DECODE_WHY + "; the CUDA-core GEMV, "
                     "2.09x / 2.62x / 1.55x XLA's bf16 dot at 7168 x 4096 / 7168 x 2048 / 8192 x 8192 on an H200",
                     max_rows=1),
         KernelEntry("decode", _BLOCK_FP8_PAIR, "upcast", _DECODE_WHY + "; the CUDA-core GEMV on whole weight rows, "
                     "1.03-1.10x decode_fp8 and 1.21-1.49x cuBLAS blockwise on the five issue shapes on an H200",
-                    max_rows=1, min_size=(1, 2112, 1024), k_multiple=1024),
+                    max_rows=1, applies=_one_row_block_fp8_tile),
         KernelEntry("decode_fp8", _BLOCK_FP8_PAIR, "native", _DECODE_FP8_WHY, max_rows=64, named_configs_only=True),
         KernelEntry("decode_fp8", _MX8_PAIRS, "native", _DECODE_FP8_MX_WHY, max_rows=64, min_rows=2,
                     max_staged_scales=MX8_STAGED_SCALES, named_configs_only=True),
@@ -366,7 +375,7 @@ def _size_allows(entry: KernelEntry, rows: Optional[int], n: Optional[int], k: O
         padded = max(8, 1 << (rows - 1).bit_length())
         if padded * (1 << (max(1, -(-k // 32)) - 1).bit_length()) > entry.max_staged_scales:
             return False
-    if entry.k_multiple is not None and (k is None or k % entry.k_multiple):
+    if entry.applies is not None and (None in (rows, n, k) or not entry.applies(rows, n, k)):
         return False
     if entry.min_size is not None:
         if None in (rows, n, k) or any(v < lo for v, lo in zip((rows, n, k), entry.min_size)):

@@ -70,7 +70,7 @@ for fb, fq in WEIGHTS.items():
                           config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=16 if m == 1 else 8,
                                       block_k=block_k, group_m=1, num_warps=4, num_stages=2, split_k=split,
                                       atomic_split_k=atomic, gemv=True, prefetch=split != 2)))
-# ... the 8-bit weights' sm_90 tiles (decode._FP8_GEMV_TILES): whole 2048-code rows on 8 warps at one row, 16 rows
+# ... the 8-bit weights' sm_90 tiles (gemv_tiles.FP8_GEMV_TILES): whole 2048-code rows on 8 warps at one row, 16 rows
 # x 1024 codes at several, no K split.
 for fa, m, block_n, block_k, warps, stages in (("bf16", 1, 8, 2048, 8, 2), ("mxfp8_e5m2", 3, 16, 1024, 4, 3)):
     seed += 1
@@ -78,7 +78,7 @@ for fa, m, block_n, block_k, warps, stages in (("bf16", 1, 8, 2048, 8, 2), ("mxf
                       config=dict(block_m=max(1, 1 << (m - 1).bit_length()), block_n=block_n, block_k=block_k,
                                   group_m=1, num_warps=warps, num_stages=stages, split_k=1, gemv=True,
                                   prefetch=False)))
-# ... the block FP8 weights' one-row sm_90 tiles (decode._BLOCK_FP8_GEMV_TILES): whole rows on 8 warps, 16 rows x
+# ... the block FP8 weights' one-row sm_90 tiles (gemv_tiles.BLOCK_FP8_GEMV_TILES): whole rows on 8 warps, 16 rows x
 # 1024 codes on 4 (two K tiles).
 for block_n, block_k, warps, stages, k in ((8, 2048, 8, 2, 2048), (16, 1024, 4, 3, 2048)):
     seed += 1

@@ -94,7 +94,7 @@ def test_every_format_as_dispatched(fa, fb, m):
                                       ("mxfp8", 1, 2048, 8192), ("mxfp4", 3, 7168, 3072), ("bf16", 2, 7168, 4096),
                                       ("bf16", 1, 1024, 4096)])
 def test_8bit_gemv_tiles_as_dispatched(fa, fb, m, n, k):
-    """The 8-bit weights' sm_90 GEMV tiles (decode._FP8_GEMV_TILES: whole rows on 8 warps at one row, 16 x 1024
+    """The 8-bit weights' sm_90 GEMV tiles (gemv_tiles.FP8_GEMV_TILES: whole rows on 8 warps at one row, 16 x 1024
     codes at 2-4 rows, the split table tile where N is short), on the shapes that pick them."""
     a, b = _operands(fa, fb, m, n, k, seed=n + k)
     assert jb.explain(a, b).kernel == "decode"
@@ -105,7 +105,7 @@ def test_8bit_gemv_tiles_as_dispatched(fa, fb, m, n, k):
                                     ("bf16", 1024, 4096), ("fp8_block", 7168, 4096), ("fp8_block", 2112, 8192),
                                     ("fp8_block", 7168, 2048)])
 def test_block_fp8_gemv_tiles_as_dispatched(fa, n, k):
-    """bf16 or block FP8 activations x block FP8 weights at one row (decode._BLOCK_FP8_GEMV_TILES: whole 2048- /
+    """bf16 or block FP8 activations x block FP8 weights at one row (gemv_tiles.BLOCK_FP8_GEMV_TILES: whole 2048- /
     4096-code rows on 8 warps, 16 x 1024 codes beyond; for bf16 the heuristic tile where N is short), on the shapes
     that pick them."""
     a, b = _operands(fa, "fp8_block", 1, n, k, seed=n + k)

@@ -272,7 +272,7 @@ def test_gemv_default_for_few_rows_sized_for_many_programs_per_sm():
             c = decode.default_config(GemmProblem(1, False, 1, n, k, "bf16", kind, "bf16"), "sm_90")
             assert c.gemv and c.f16_decode and c.split_k == 1
             return c.block_n, c.block_k, c.num_warps, c.num_stages
-        # the fp4 tiles by K (decode._FP4_GEMV_TILES), each 64 weight bytes per thread
+        # the fp4 tiles by K (gemv_tiles.FP4_GEMV_TILES), each 64 weight bytes per thread
         assert tile(7168, 4096) == (8, 4096, 8, 2)
         assert tile(8192, 8192) == tile(28672, 8192) == (16, 1024, 4, 3)
         assert tile(7168, 7168) == (8, 1024, 2, 3)
@@ -290,7 +290,7 @@ def test_sm90_8bit_gemv_tiles(x_kind, w_kind):
         c = decode.default_config(GemmProblem(1, False, rows, n, k, x_kind, w_kind, "bf16"), "sm_90")
         assert c.gemv and c.block_m == max(1, 1 << (rows - 1).bit_length())
         return c.block_n, c.block_k, c.num_warps, c.num_stages, c.split_k
-    # one row (decode._FP8_GEMV_TILES): whole 4096-code rows where 4096 divides K, then 2048, then 16 x 1024
+    # one row (gemv_tiles.FP8_GEMV_TILES): whole 4096-code rows where 4096 divides K, then 2048, then 16 x 1024
     assert tile(1, 7168, 4096) == tile(1, 8192, 8192) == tile(1, 28672, 8192) == (8, 4096, 8, 2, 1)
     assert tile(1, 7168, 2048) == tile(1, 4096, 14336) == (8, 2048, 8, 2, 1)
     assert tile(1, 7168, 7168) == (16, 1024, 4, 3, 1)

@@ -34,10 +34,12 @@ def _problem(m=16, n=7168, k=4096):
 @pytest.mark.parametrize("target,rows,n,k,want", [
     ("sm_90", 16, 7168, 4096, "decode_fp8"), ("sm_90", 64, 7168, 4096, "decode_fp8"),
     ("sm_90", 2, 7168, 4096, "decode_fp8"),
-    # one row: decode.py's GEMV on whole weight rows where its measured tiles apply (K a multiple of 1024, N at
-    # least a program per SM), decode_fp8 elsewhere
-    ("sm_90", 1, 7168, 4096, "decode"), ("sm_90", 1, 28672, 8192, "decode"),
+    # one row: decode.py's GEMV on whole weight rows where its measured tiles apply (gemv_tiles.tile_fields: K of
+    # 2048 / 4096 on 8-row tiles, other multiples of 1024 on 16-row ones, N at least a program per SM), decode_fp8
+    # elsewhere
+    ("sm_90", 1, 7168, 4096, "decode"), ("sm_90", 1, 28672, 8192, "decode"), ("sm_90", 1, 1056, 4096, "decode"),
     ("sm_90", 1, 7168, 1536, "decode_fp8"), ("sm_90", 1, 1024, 4096, "decode_fp8"),
+    ("sm_90", 1, 2048, 8192, "decode_fp8"),
     ("sm_90", 65, 7168, 4096, "block_fp8"),      # 65-256 rows: the TMA kernel (block_fp8 with tma=True)
     ("sm_100", 16, 7168, 4096, "decode"),        # wgmma is Hopper's; Blackwell keeps decode.py's tcgen05 path
 ])
