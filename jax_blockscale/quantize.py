@@ -492,23 +492,13 @@ def from_block_fp8(values: jax.Array, scales: jax.Array, *, tile: tuple[int, int
     Shapes are checked at trace time, so a transposed or mis-sized scale grid fails here, not in a kernel.
     """
     spec = get_format("fp8_block", block=tile)
-    rows, cols = spec.tile
-    if not hasattr(values, "dtype") or jnp.dtype(values.dtype) != jnp.float8_e4m3fn:
-        raise ValueError(f"from_block_fp8 takes float8_e4m3fn codes, got {getattr(values, 'dtype', type(values))}")
-    if values.ndim < (2 if rows > 1 else 1):
-        raise ValueError(f"fp8_block tile {spec.tile} needs codes of rank >= {2 if rows > 1 else 1}, got shape "
-                         f"{values.shape}")
-    if not hasattr(scales, "dtype") or jnp.dtype(scales.dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise ValueError(f"from_block_fp8 takes float32 (or bf16 / fp16) scales, got "
-                         f"{getattr(scales, 'dtype', type(scales))}")
-    k = values.shape[-1]
-    lead = (*values.shape[:-2], -(-values.shape[-2] // rows)) if rows > 1 else values.shape[:-1]
-    want = (*lead, -(-k // cols))
-    if tuple(scales.shape) != want:
-        raise ValueError(f"codes of shape {values.shape} in {spec.tile} tiles need scales of shape {want} (one per "
-                         f"tile, the quantized axis last), got {tuple(scales.shape)}")
-    padded = _pad_to_blocks(values, -1, cols)
-    return BlockScaledArray(padded, scales.astype(jnp.float32), spec, -1, k)
+    if hasattr(scales, "dtype") and jnp.dtype(scales.dtype) in (jnp.bfloat16, jnp.float16):
+        scales = scales.astype(jnp.float32)   # exact
+    ranked = hasattr(values, "ndim") and values.ndim > 0   # else check_block_scaled names what values is
+    q = BlockScaledArray(_pad_to_blocks(values, -1, spec.block) if ranked else values, scales, spec, -1,
+                         values.shape[-1] if ranked else 0)
+    validation.check_block_scaled(q, "from_block_fp8")   # the codes' dtype and rank, the scales' dtype and grid
+    return q
 
 
 def _fused_eligible(x: jax.Array, spec: Format, axis: int) -> bool:

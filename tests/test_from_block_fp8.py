@@ -77,13 +77,15 @@ def test_a_flax_layer_serves_a_checkpoint_kernel():
 
 
 @pytest.mark.parametrize("values,scales,tile,match", [
-    (jnp.zeros((256, 256), jnp.bfloat16), jnp.ones((2, 2)), (128, 128), "float8_e4m3fn codes"),
-    (jnp.zeros((256, 256), jnp.float8_e4m3fn), jnp.ones((2, 2), jnp.int32), (128, 128), "float32"),
-    (jnp.zeros((256, 300), jnp.float8_e4m3fn), jnp.ones((2, 2)), (128, 128), r"scales of shape \(2, 3\)"),
-    (jnp.zeros((300, 256), jnp.float8_e4m3fn), jnp.ones((2, 2)), (128, 128), r"scales of shape \(3, 2\)"),
-    (jnp.zeros((256, 512), jnp.float8_e4m3fn), jnp.ones((4, 2)), (128, 128), r"\(2, 4\)"),   # transposed grid
-    (jnp.zeros((256,), jnp.float8_e4m3fn), jnp.ones((2,)), (128, 128), "rank >= 2"),
-    (jnp.zeros((5, 256), jnp.float8_e4m3fn), jnp.ones((2,)), (1, 128), r"scales of shape \(5, 2\)"),
+    (jnp.zeros((256, 256), jnp.bfloat16), jnp.ones((2, 2)), (128, 128), r"values: expected dtype float8_e4m3fn"),
+    (jnp.zeros((256, 256), jnp.float8_e4m3fn), jnp.ones((2, 2), jnp.int32), (128, 128),
+     "scales: expected dtype float32"),
+    (jnp.zeros((256, 300), jnp.float8_e4m3fn), jnp.ones((2, 2)), (128, 128), r"scales: expected shape \(2, 3\)"),
+    (jnp.zeros((300, 256), jnp.float8_e4m3fn), jnp.ones((2, 2)), (128, 128), r"scales: expected shape \(3, 2\)"),
+    # a transposed grid
+    (jnp.zeros((256, 512), jnp.float8_e4m3fn), jnp.ones((4, 2)), (128, 128), r"scales: expected shape \(2, 4\)"),
+    (jnp.zeros((256,), jnp.float8_e4m3fn), jnp.ones((2,)), (128, 128), "of rank >= 2"),
+    (jnp.zeros((5, 256), jnp.float8_e4m3fn), jnp.ones((2,)), (1, 128), r"scales: expected shape \(5, 2\)"),
 ])
 def test_refuses_before_any_compute(values, scales, tile, match):
     with pytest.raises(ValueError, match=match):
