@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .problem import HOPPER_SMS
 
-# The fp4 GEMV's tile by K where the table's (8 rows x 2048 codes, 4 warps) measured slower with the e4m3-route
+# The fp4 GEMV's tile by K where decode._SM90_TUNED's (8 rows x 2048 codes, 4 warps) measured slower with the e4m3-route
 # decode (H100, 2026-11-24, mxfp4 / nvfp4, CUPTI kernel time, benchmarks/results/decode_gemv_e4m3_h100_2026-11-24_session27.md):
 # (block_n, block_k, num_warps, num_stages). Each keeps 64 weight bytes per thread and tile, and applies only where
 # N leaves at least two programs per SM. K = 4096: whole rows on 8 warps (7168 x 4096 mxfp4 9.05 -> 8.75 us,
