@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from .problem import HOPPER_SMS
 
-# The fp4 GEMV's tile by K where decode._SM90_TUNED's (8 rows x 2048 codes, 4 warps) measured slower with the e4m3-route
-# decode (H100, 2026-11-24, mxfp4 / nvfp4, CUPTI kernel time, benchmarks/results/decode_gemv_e4m3_h100_2026-11-24_session27.md):
-# (block_n, block_k, num_warps, num_stages). Each keeps 64 weight bytes per thread and tile, and applies only where
-# N leaves at least two programs per SM. K = 4096: whole rows on 8 warps (7168 x 4096 mxfp4 9.05 -> 8.75 us,
-# nvfp4 9.55 -> 8.87, 4096 x 4096 6.38 -> 5.76); K = 8192 (a multiple of 2048 above 4096): 16 rows x 1024
-# codes (8192 x 8192 17.97 -> 15.52; 28672 x 8192 47.62 -> 47.25); other multiples of 1024 above 4096, or
-# where N is short of two programs per SM for 16 rows: 8 rows x 1024 codes on 2 warps (7168 x 7168 14.40 ->
-# 13.43; 4096 x 14336 15.12 -> 14.62). The first entry whose condition and program count hold applies.
+# The fp4 GEMV's tile by K where decode._SM90_TUNED's (8 rows x 2048 codes, 4 warps) measured slower with the
+# e4m3-route decode (H100, 2026-11-24, mxfp4 / nvfp4, CUPTI kernel time,
+# benchmarks/results/decode_gemv_e4m3_h100_2026-11-24_session27.md): (block_n, block_k, num_warps, num_stages). Each
+# keeps 64 weight bytes per thread and tile, and applies only where N leaves at least two programs per SM. K = 4096:
+# whole rows on 8 warps (7168 x 4096 mxfp4 9.05 -> 8.75 us, nvfp4 9.55 -> 8.87, 4096 x 4096 6.38 -> 5.76); K = 8192 (a
+# multiple of 2048 above 4096): 16 rows x 1024 codes (8192 x 8192 17.97 -> 15.52; 28672 x 8192 47.62 -> 47.25); other
+# multiples of 1024 above 4096, or where N is short of two programs per SM for 16 rows: 8 rows x 1024 codes on 2 warps
+# (7168 x 7168 14.40 -> 13.43; 4096 x 14336 15.12 -> 14.62). The first entry whose condition and program count hold
+# applies.
 FP4_GEMV_TILES = (
     (lambda rows, k: k == 4096, (8, 4096, 8, 2)),
     (lambda rows, k: k > 4096 and k % 2048 == 0, (16, 1024, 4, 3)),
